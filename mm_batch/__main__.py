@@ -1,0 +1,3 @@
+from mm_batch.cli import main
+
+raise SystemExit(main())

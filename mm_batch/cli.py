@@ -1,0 +1,152 @@
+"""The command line: parse options, call one command function, map errors to exit codes.
+
+Heavy imports (litellm, the run stage) happen inside the commands, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from mm_batch import __version__
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_USAGE = 2
+
+_EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def _parse_option_value(text: str) -> Any:
+    """`--model-option KEY=VALUE`: numbers and true/false as JSON reads them, else a string."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, int | float | bool) else text
+
+
+def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got '{pair}'", param_hint="--model-option")
+        options[key] = _parse_option_value(value)
+    return options
+
+
+def plan_options(function: F) -> F:
+    """Options shared by `run` and `plan`: they override the files."""
+    decorators = [
+        click.option("--model", "models", multiple=True, help="Model to run on (repeatable)."),
+        click.option("--model-option", "model_options", multiple=True, metavar="KEY=VALUE",
+                     help="Passed to litellm for every model (repeatable)."),
+        click.option("--repeat", type=click.IntRange(min=1), help="Runs of every task per model."),
+        click.option("--jobs", type=click.IntRange(min=1), help="Task runs in parallel."),
+        click.option("--yolo/--allowlist", "yolo", default=None,
+                     help="Run every call, or only calls the allowlist preapproves."),
+        click.option("--sandbox", type=click.Choice(["host", "docker"]),
+                     help="Where tool commands run."),
+        click.option("--image", help="Sandbox image (with --sandbox docker)."),
+        click.option("--filter", "filter_", metavar="GLOB", help="Only task ids matching GLOB."),
+        click.option("--shard", metavar="K/N", help="Run only shard K of N (K from 1)."),
+    ]
+    for decorator in reversed(decorators):
+        function = decorator(function)
+    return function
+
+
+def _overrides(**options: Any) -> Any:
+    from mm_batch.plan import Overrides, parse_shard
+
+    return Overrides(
+        models=tuple(options["models"]),
+        model_options=_model_options(options["model_options"]),
+        repeat=options["repeat"],
+        jobs=options["jobs"],
+        yolo=options["yolo"],
+        sandbox=options["sandbox"],
+        image=options["image"],
+        filter=options["filter_"],
+        shard=parse_shard(options["shard"]) if options["shard"] else None,
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="mm-batch")
+def cli() -> None:
+    """Run LLM agent prompts as CI steps, judged by what really ran."""
+
+
+@cli.command()
+@click.argument("tasks_file", type=_EXISTING_FILE)
+@plan_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("mm-batch-results"), show_default=True,
+              help="Results folder; its previous results are replaced.")
+def run(tasks_file: Path, out_dir: Path, **options: Any) -> None:
+    """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
+    from mm_batch.commands import run as command
+
+    sys.exit(command.run(tasks_file, _overrides(**options), out_dir))
+
+
+@cli.command()
+@click.argument("tasks_file", type=_EXISTING_FILE)
+@plan_options
+def plan(tasks_file: Path, **options: Any) -> None:
+    """List the runs that `run` would do with the same options; run nothing."""
+    from mm_batch.commands import inspect
+
+    sys.exit(inspect.plan(tasks_file, _overrides(**options)))
+
+
+@cli.command()
+@click.argument("file", type=_EXISTING_FILE)
+def validate(file: Path) -> None:
+    """Check a tasks file (and every agent file it names) or an agent file."""
+    from mm_batch.commands import inspect
+
+    sys.exit(inspect.validate(file))
+
+
+@cli.command()
+@click.argument("agent_file", type=_EXISTING_FILE)
+def tools(agent_file: Path) -> None:
+    """Print exactly the tool definitions the model is sent."""
+    from mm_batch.commands import inspect
+
+    sys.exit(inspect.tools(agent_file))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: every known error becomes a clear message and an exit code, never a traceback."""
+    from mm_batch.config.problems import ConfigError
+    from mm_batch.plan import PlanError
+
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(str(problem), err=True)
+        click.echo(f"mm-batch: {len(exc.problems)} configuration error(s); nothing ran", err=True)
+        return EXIT_USAGE
+    except PlanError as exc:
+        click.echo(f"mm-batch: {exc}", err=True)
+        return EXIT_USAGE
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USAGE
+    except click.Abort:
+        click.echo("mm-batch: aborted", err=True)
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

@@ -1,0 +1,172 @@
+"""`mm-batch run`: validate, plan, run every task run, write the reports, map to an exit code."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from mm_batch import __version__
+from mm_batch.config.load import display_path, load_tasks
+from mm_batch.config.secrets import Masker
+from mm_batch.plan import Overrides, Plan, PlanError, RunSpec, make_plan
+from mm_batch.report.calls_log import JsonlRecorder
+from mm_batch.report.files import (
+    CALLS,
+    JUNIT,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    clear_outputs,
+    write_atomic,
+)
+from mm_batch.report.junit import junit_xml
+from mm_batch.report.summary import (
+    EXIT_INTERRUPTED,
+    exit_code,
+    summary_json,
+    summary_markdown,
+    task_verdicts,
+    terminal_table,
+)
+from mm_batch.run.batch import Effects, run_batch
+from mm_batch.run.executor import Executor, HostExecutor
+from mm_batch.run.model_client import LiteLLMClient, ModelClient, litellm_version, load_litellm
+from mm_batch.run.task_run import RunResult
+
+DEFAULT_OUT = Path("mm-batch-results")
+
+
+@contextmanager
+def _cancel_on_signals(cancel: threading.Event, received: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM set the cancel event; the reports are still written."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        cancel.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _check_supported(plan: Plan) -> None:
+    for run in plan.runs:
+        if run.sandbox.kind != "host":
+            raise PlanError(
+                f"{run.run_id}: sandbox kind '{run.sandbox.kind}' is not available in "
+                f"mm-batch {__version__}; use the host sandbox"
+            )
+        if run.model.startswith("local/"):
+            raise PlanError(
+                f"{run.run_id}: local models ('{run.model}') are not available in "
+                f"mm-batch {__version__}; give a model with --model"
+            )
+
+
+def provenance(plan: Plan) -> dict[str, Any]:
+    files = {display_path(plan.tasks_file.path): plan.tasks_file.sha256}
+    files.update({display_path(a.path): a.sha256 for a in plan.tasks_file.agents})
+    seeds = {r.model: r.model_options.get("seed") for r in plan.runs}
+    data: dict[str, Any] = {
+        "mm_batch_version": __version__,
+        "litellm_version": litellm_version(),
+        "python_version": platform.python_version(),
+        "models": ",".join(plan.models),
+        "seeds": ",".join(f"{m}={s}" for m, s in seeds.items() if s is not None) or "none",
+        "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    data.update({f"sha256:{name}": digest for name, digest in files.items()})
+    return data
+
+
+def _progress(total: int) -> Callable[[RunResult], None]:
+    count = 0
+    lock = threading.Lock()
+
+    def report(result: RunResult) -> None:
+        nonlocal count
+        with lock:
+            count += 1
+            line = f"[{count}/{total}] {result.status:<6} {result.run_id} ({result.duration_s:.1f} s)"
+            if result.reason:
+                line += f": {result.reason[:200]}"
+            click.echo(line, err=True)
+
+    return report
+
+
+def default_effects(environ: Mapping[str, str]) -> Effects:
+    clients: dict[str, ModelClient] = {}
+    lock = threading.Lock()
+
+    def client_for(spec: RunSpec) -> ModelClient:
+        key = f"{spec.model}\0{sorted(spec.model_options.items())!r}"
+        with lock:
+            if key not in clients:
+                clients[key] = LiteLLMClient(spec.model, spec.model_options)
+            return clients[key]
+
+    def executor_for(_spec: RunSpec) -> Executor:
+        return HostExecutor()
+
+    # Import litellm (seconds) before the first run starts, so that no run's time includes it.
+    load_litellm()
+    return Effects(client_for, executor_for)
+
+
+def run(
+    tasks_path: Path,
+    overrides: Overrides,
+    out_dir: Path = DEFAULT_OUT,
+    effects: Effects | None = None,
+) -> int:
+    tasks_file = load_tasks(tasks_path)
+    plan = make_plan(tasks_file, overrides)
+    _check_supported(plan)
+    masker = Masker.from_environment(
+        os.environ, [s for a in tasks_file.agents for s in a.secrets]
+    )
+    clear_outputs(out_dir)
+    recorder = JsonlRecorder(out_dir / CALLS, masker)
+    cancel = threading.Event()
+    received: list[int] = []
+    facts = provenance(plan)
+    click.echo(f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
+               f"{plan.jobs} in parallel", err=True)
+    try:
+        with _cancel_on_signals(cancel, received):
+            results = run_batch(
+                plan, effects or default_effects(os.environ), recorder, masker, cancel,
+                _progress(len(plan.runs)),
+            )
+    finally:
+        recorder.close()
+    verdicts = task_verdicts(results, plan.min_pass_rate)
+    code = EXIT_INTERRUPTED if received else exit_code(verdicts)
+    write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))
+    write_atomic(out_dir / SUMMARY_JSON, masker.text(summary_json(plan, results, facts, code)))
+    write_atomic(out_dir / SUMMARY_MD, masker.text(summary_markdown(plan, results)))
+    click.echo(terminal_table(results), err=True)
+    if received:
+        name = signal.Signals(received[0]).name
+        click.echo(f"mm-batch: interrupted by {name}; reports written to {out_dir}", err=True)
+    else:
+        click.echo(f"mm-batch: reports in {out_dir}", err=True)
+    sys.stderr.flush()
+    return code

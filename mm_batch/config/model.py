@@ -1,0 +1,175 @@
+"""The validated configuration: frozen data that nothing downstream re-checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+ParamType = Literal["string", "integer", "number", "boolean"]
+Value = str | int | float | bool
+SandboxKind = Literal["host", "docker"]
+NetworkMode = Literal["none", "bridge"]
+
+PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")
+RESERVED_TOOL_NAMES = frozenset(
+    {"bash", "read_skill", "read_file", "write_file", "edit_file", "list_files", "glob", "grep",
+     "web_fetch"}
+)
+KNOWN_BUILTINS = ("bash", "read_skill")
+DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"
+DEFAULT_IMAGE = "mm-batch/sandbox:base"
+# Keys of model_options that mm-batch reads itself and never passes on to litellm.
+OWN_MODEL_OPTIONS = frozenset({"max_parallel", "recover_text_tool_calls"})
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    type: ParamType
+    description: str
+    required: bool
+    enum: tuple[Value, ...] | None = None
+    default: Value | None = None
+    allow_dash: bool = False
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A declared tool: one argv command made into a typed tool."""
+
+    name: str
+    description: str
+    params: tuple[ParamSpec, ...]
+    command: tuple[str, ...]
+    workdir: Path
+    timeout: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def param(self, name: str) -> ParamSpec | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """One preapproved entry: a tool with optional argument patterns, or a bash command."""
+
+    index: int
+    tool: str | None = None
+    args: Mapping[str, str] | None = None
+    bash: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"allow[{self.index}]"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    kind: SandboxKind = "host"
+    image: str = DEFAULT_IMAGE
+    network: NetworkMode = "none"
+    pids: int = 256
+    memory: str = "1g"
+    cpus: float = 1.0
+    user: str = "1000:1000"
+
+
+@dataclass(frozen=True)
+class McpServerSpec:
+    name: str
+    url: str
+
+
+@dataclass(frozen=True)
+class HooksSpec:
+    pre_tool_call: tuple[str, ...] | None = None
+    post_tool_call: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path
+    sha256: str
+    tools: tuple[ToolSpec, ...]
+    model: str | None = None
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    system: str | None = None
+    yolo: bool = False
+    allow: tuple[AllowRule, ...] = ()
+    builtins: tuple[str, ...] = ()
+    skills: tuple[Path, ...] = ()
+    mcp: tuple[McpServerSpec, ...] = ()
+    hooks: HooksSpec = HooksSpec()
+    sandbox: SandboxSpec = SandboxSpec()
+    loop_limit: int = 3
+    # Values that came from ${VAR} substitutions: masked in everything mm-batch writes or sends.
+    secrets: tuple[str, ...] = ()
+
+    @property
+    def directory(self) -> Path:
+        return self.path.parent
+
+    def tool(self, name: str) -> ToolSpec | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def callable_names(self) -> set[str]:
+        """Names a task may expect: declared tools and enabled built-ins."""
+        return {t.name for t in self.tools} | set(self.builtins)
+
+
+@dataclass(frozen=True)
+class CallExpectation:
+    tool: str
+    args: Mapping[str, Value] | None = None
+    times: int | None = None
+
+
+@dataclass(frozen=True)
+class Expect:
+    calls: tuple[CallExpectation, ...] = ()
+    no_calls: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+    exit_code: int | None = None
+    answer_contains: tuple[str, ...] = ()
+    check: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    id: str
+    prompt: str
+    agent: AgentConfig
+    timeout: float = 600.0
+    max_turns: int = 20
+    expect: Expect | None = None
+
+
+@dataclass(frozen=True)
+class TasksFile:
+    path: Path
+    sha256: str
+    tasks: tuple[TaskSpec, ...]
+    models: tuple[str, ...] | None = None
+    repeat: int = 1
+    jobs: int = 4
+    min_pass_rate: float = 1.0
+
+    @property
+    def agents(self) -> tuple[AgentConfig, ...]:
+        unique = {t.agent.path: t.agent for t in self.tasks}
+        return tuple(unique.values())
+
+
+def render_value(value: Value) -> str:
+    """A value as it lands in argv: true/false, decimal integers, numbers without exponent."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        text = format(Decimal(repr(value)), "f")
+        return text
+    return value

@@ -1,0 +1,107 @@
+"""Stage 3: the plan — tasks × models × repeats, with the CLI's overrides applied."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mm_batch.config.model import DEFAULT_MODEL, SandboxKind, SandboxSpec, TaskSpec, TasksFile
+
+
+class PlanError(Exception):
+    """A usage error found while planning (a filter that matches nothing, a bad shard)."""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What the command line says; it wins over the files (CLI > task > tasks file > agent)."""
+
+    models: tuple[str, ...] = ()
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    repeat: int | None = None
+    jobs: int | None = None
+    yolo: bool | None = None
+    sandbox: SandboxKind | None = None
+    image: str | None = None
+    filter: str | None = None
+    shard: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One task run: a task, on a model, for the n-th time."""
+
+    task: TaskSpec
+    model: str
+    repeat: int
+    model_options: Mapping[str, Any]
+    yolo: bool
+    sandbox: SandboxSpec
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.task.id}[{self.model}]#{self.repeat}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    tasks_file: TasksFile
+    runs: tuple[RunSpec, ...]
+    jobs: int
+    repeat: int
+    min_pass_rate: float
+
+    @property
+    def suite(self) -> str:
+        """The tasks file's name without extension: the first part of every JUnit classname."""
+        return self.tasks_file.path.stem
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.model for r in self.runs))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        k_text, n_text = text.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise PlanError(f"--shard takes K/N with whole numbers, got '{text}'") from None
+    if n < 1 or not 1 <= k <= n:
+        raise PlanError(f"--shard K/N needs 1 <= K <= N, got '{text}'")
+    return k, n
+
+
+def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
+    tasks = tasks_file.tasks
+    if overrides.filter is not None:
+        tasks = tuple(t for t in tasks if fnmatch.fnmatchcase(t.id, overrides.filter))
+        if not tasks:
+            raise PlanError(f"--filter '{overrides.filter}' matches no task id")
+    repeat = overrides.repeat or tasks_file.repeat
+    runs: list[RunSpec] = []
+    for task in tasks:
+        agent = task.agent
+        models = overrides.models or tasks_file.models or (agent.model or DEFAULT_MODEL,)
+        sandbox = agent.sandbox
+        if overrides.sandbox is not None:
+            sandbox = replace(sandbox, kind=overrides.sandbox)
+        if overrides.image is not None:
+            sandbox = replace(sandbox, image=overrides.image)
+        options = {**agent.model_options, **overrides.model_options}
+        yolo = agent.yolo if overrides.yolo is None else overrides.yolo
+        for model in models:
+            for n in range(1, repeat + 1):
+                runs.append(RunSpec(task, model, n, options, yolo, sandbox))
+    if overrides.shard is not None:
+        k, n = overrides.shard
+        runs = [r for i, r in enumerate(runs) if i % n == k - 1]
+    return Plan(
+        tasks_file=tasks_file,
+        runs=tuple(runs),
+        jobs=overrides.jobs or tasks_file.jobs,
+        repeat=repeat,
+        min_pass_rate=tasks_file.min_pass_rate,
+    )

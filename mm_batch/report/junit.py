@@ -1,0 +1,59 @@
+"""junit.xml: one <testsuite> per tasks file and model, one <testcase> per task run."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from junit_xml import TestCase, TestSuite
+
+from mm_batch.plan import Plan
+from mm_batch.run.task_run import RunResult
+
+
+def classname(suite: str, model: str) -> str:
+    return f"{suite}.{model.replace('.', '_').replace('/', '_')}"
+
+
+def _case(plan: Plan, result: RunResult) -> TestCase:
+    name = result.task if plan.repeat == 1 else f"{result.task}#{result.repeat}"
+    out = "\n".join(result.calls) or "(no tool calls)"
+    if result.answer is not None:
+        out += f"\n\nfinal answer:\n{result.answer}"
+    case = TestCase(
+        name=name,
+        classname=classname(plan.suite, result.model),
+        elapsed_sec=round(result.duration_s, 3),
+        stdout=out,
+    )
+    details = "\n".join(f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks)
+    if result.status == "failed":
+        case.add_failure_info(message=result.reason[:1000], output=details or result.reason,
+                              failure_type="failed")
+    elif result.status == "error":
+        case.add_error_info(message=result.reason[:1000], output=details or result.reason,
+                            error_type="error")
+    return case
+
+
+def junit_xml(plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any]) -> str:
+    properties = {k: str(v) for k, v in provenance.items()}
+    root = ET.Element("testsuites")
+    totals = {"tests": 0, "failures": 0, "errors": 0}
+    elapsed = 0.0
+    for model in dict.fromkeys(r.model for r in results):
+        cases = [_case(plan, r) for r in results if r.model == model]
+        suite = TestSuite(f"{plan.suite}[{model}]", cases, properties=properties)
+        element = suite.build_xml_doc()
+        # junit-xml always writes `disabled`, which the common JUnit XSD rejects.
+        element.attrib.pop("disabled", None)
+        for key in totals:
+            totals[key] += int(element.get(key, "0"))
+        elapsed += float(element.get("time", "0") or 0)
+        root.append(element)
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("time", f"{elapsed:.3f}")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,212 @@
+"""Executors run one argv command. This module is the only one that spawns processes."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
+KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
+_ENV_PASSED = ("PATH", "HOME", "LANG", "TZ")
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_READ_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Captured:
+    """The first bytes a stream carried (at most the limit), and how many it carried in all."""
+
+    data: bytes
+    total: int
+
+    @property
+    def cut(self) -> int:
+        return self.total - len(self.data)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: Captured
+    stderr: Captured
+    duration_s: float
+    timed_out: bool = False
+    interrupted: bool = False
+    error: str | None = None  # the command could not start, or the sandbox failed
+
+
+class Executor(Protocol):
+    """Runs argv commands somewhere (the host, a container) with one interface."""
+
+    @property
+    def where(self) -> str: ...
+
+    def execute(
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult: ...
+
+    def close(self) -> None: ...
+
+
+class _Sink:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.limit - self.kept
+        if room > 0:
+            piece = chunk[:room]
+            self.chunks.append(piece)
+            self.kept += len(piece)
+
+    def captured(self) -> Captured:
+        return Captured(b"".join(self.chunks), self.total)
+
+
+def host_environment(extra: Mapping[str, str], source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """PATH, HOME, LANG, TZ from mm-batch's environment plus the tool's own: nothing else leaks."""
+    environ = os.environ if source is None else source
+    env = {k: environ[k] for k in _ENV_PASSED if k in environ}
+    env.setdefault("PATH", _DEFAULT_PATH)
+    env.update(extra)
+    return env
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class HostExecutor:
+    """Runs argv lists on the host: no shell, own process group, clean environment."""
+
+    where = "host"
+
+    def __init__(self, log_limit: int = LOG_LIMIT) -> None:
+        self.log_limit = log_limit
+
+    def close(self) -> None:
+        return None
+
+    def execute(
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult:
+        started = time.monotonic()
+        empty = Captured(b"", 0)
+        try:
+            proc = subprocess.Popen(
+                list(argv),
+                cwd=workdir,
+                env=host_environment(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except FileNotFoundError:
+            where = "the PATH" if "/" not in argv[0] else str(workdir)
+            if not workdir.is_dir():
+                message = f"working directory not found: {workdir}"
+            else:
+                message = f"program not found: {argv[0]} (looked in {where})"
+            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+        except PermissionError:
+            message = f"program is not executable: {argv[0]}"
+            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+        except OSError as exc:
+            message = f"cannot start {argv[0]}: {exc.strerror or exc}"
+            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+        return self._supervise(proc, started, timeout, cancel)
+
+    def _supervise(
+        self,
+        proc: subprocess.Popen[bytes],
+        started: float,
+        timeout: float,
+        cancel: threading.Event | None,
+    ) -> ExecResult:
+        assert proc.stdout is not None and proc.stderr is not None
+        sinks = {proc.stdout.fileno(): _Sink(self.log_limit), proc.stderr.fileno(): _Sink(self.log_limit)}
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        selector = selectors.DefaultSelector()
+        for fd in sinks:
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ)
+        deadline = started + timeout
+        term_sent: float | None = None
+        killed = False
+        timed_out = interrupted = False
+        try:
+            while True:
+                now = time.monotonic()
+                if term_sent is None and (now >= deadline or (cancel is not None and cancel.is_set())):
+                    timed_out = now >= deadline
+                    interrupted = not timed_out
+                    _signal_group(proc.pid, signal.SIGTERM)
+                    term_sent = now
+                if term_sent is not None and not killed and now >= term_sent + KILL_GRACE_S:
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    killed = True
+                exited = proc.poll() is not None
+                if not selector.get_map() and exited:
+                    break
+                # Pipes held open by a process that escaped the group must not hold us forever.
+                if killed and exited and now >= term_sent + 2 * KILL_GRACE_S:  # type: ignore[operator]
+                    break
+                if not selector.get_map():
+                    time.sleep(0.01)
+                    continue
+                for key, _ in selector.select(timeout=0.05):
+                    fd = int(key.fd)
+                    try:
+                        chunk = os.read(fd, _READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        sinks[fd].add(chunk)
+                    else:
+                        selector.unregister(fd)
+        finally:
+            selector.close()
+            proc.stdout.close()
+            proc.stderr.close()
+        returncode = proc.wait()
+        if proc.poll() is not None and not killed:
+            # Take down whatever the command left behind in its group.
+            _signal_group(proc.pid, signal.SIGKILL)
+        exit_code: int | None = returncode if returncode >= 0 else 128 - returncode
+        if timed_out or interrupted:
+            exit_code = None
+        return ExecResult(
+            exit_code,
+            sinks[out_fd].captured(),
+            sinks[err_fd].captured(),
+            time.monotonic() - started,
+            timed_out=timed_out,
+            interrupted=interrupted,
+        )

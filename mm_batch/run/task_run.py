@@ -1,0 +1,289 @@
+"""One task run: the agent loop over the model, the tools and the executor, then the verdict."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from mm_batch.config.secrets import Masker
+from mm_batch.plan import RunSpec
+from mm_batch.run.executor import Executor, ExecResult
+from mm_batch.run.judge import Check, judge
+from mm_batch.run.model_client import ModelClient, ModelError, ModelReply, ToolCallRequest
+from mm_batch.run.output import decode, echo, model_result
+from mm_batch.run.records import Outcome, RunRecorder, Status
+from mm_batch.run.toolbox import PreparedCall, Toolbox
+from mm_batch.tools.consent import decide
+from mm_batch.tools.declared import InvalidCall, parse_arguments
+
+CHECK_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What the reports need of a finished task run."""
+
+    run_id: str
+    task: str
+    model: str
+    repeat: int
+    status: Status
+    reason: str
+    checks: tuple[Check, ...]
+    duration_s: float
+    answer: str | None
+    calls: tuple[str, ...]
+
+
+def interrupted_result(spec: RunSpec, duration_s: float, calls: tuple[str, ...] = ()) -> RunResult:
+    return RunResult(spec.run_id, spec.task.id, spec.model, spec.repeat, "error",
+                     "interrupted before the run finished", (), duration_s, None, calls)
+
+
+def canonical_arguments(raw: str | None) -> str:
+    """The loop detector's key: canonical JSON of the raw arguments, or the raw text itself."""
+    data, _ = parse_arguments(raw)
+    if data is None:
+        return raw or ""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _history_arguments(raw: str | None) -> str:
+    """Arguments as kept in the history: as sent when valid JSON; servers reject invalid JSON."""
+    data, _ = parse_arguments(raw)
+    return raw if data is not None and raw and raw.strip() else "{}"
+
+
+class TaskRun:
+    def __init__(
+        self,
+        spec: RunSpec,
+        client: ModelClient,
+        executor: Executor,
+        recorder: RunRecorder,
+        masker: Masker,
+        cancel: threading.Event,
+    ) -> None:
+        self.spec = spec
+        self.client = client
+        self.executor = executor
+        self.recorder = recorder
+        self.masker = masker
+        self.cancel = cancel
+        self.toolbox = Toolbox(spec.task.agent)
+        self.tool_records: list[dict[str, Any]] = []
+        self.call_lines: list[str] = []
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        started = time.monotonic()
+        task = self.spec.task
+        deadline = started + task.timeout
+        answer: str | None = None
+        ended: str | None = None  # why the loop stopped short: a failure
+        error: str | None = None  # why the run cannot be judged
+        try:
+            answer, ended, error = self._loop(deadline)
+        except Exception as exc:
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        check_exit = None
+        if error is None and task.expect is not None and task.expect.check is not None:
+            check_exit = self._run_check(task.expect.check)
+            if self.cancel.is_set():
+                error = "interrupted before the run finished"
+        checks = judge(task.expect, self.tool_records, answer, check_exit)
+        status: Status
+        if error is not None:
+            status, reason = "error", error
+        elif ended is not None:
+            status, reason = "failed", ended
+        elif not all(c.ok for c in checks):
+            status = "failed"
+            reason = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
+        else:
+            status, reason = "passed", ""
+        duration = time.monotonic() - started
+        self.recorder.emit(
+            "task",
+            {
+                "status": status,
+                "checks": [c.as_record() for c in checks],
+                "duration_s": round(duration, 6),
+                "reason": reason,
+                "answer": answer,
+            },
+        )
+        return RunResult(
+            self.spec.run_id, task.id, self.spec.model, self.spec.repeat, status,
+            self.masker.text(reason), tuple(checks), duration,
+            None if answer is None else self.masker.text(answer), tuple(self.call_lines),
+        )
+
+    def _loop(self, deadline: float) -> tuple[str | None, str | None, str | None]:
+        """Returns (answer, failure reason, error reason)."""
+        task = self.spec.task
+        agent = task.agent
+        messages: list[dict[str, Any]] = []
+        if agent.system:
+            messages.append({"role": "system", "content": agent.system})
+        messages.append({"role": "user", "content": task.prompt})
+        schemas = self.toolbox.schemas()
+        last_key: tuple[str, str] | None = None
+        in_a_row = 0
+        for _turn in range(task.max_turns):
+            if self.cancel.is_set():
+                return None, None, "interrupted before the run finished"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None, f"task timeout ({task.timeout:g} s) reached", None
+            try:
+                reply = self.client.complete(self.masker.data(messages), schemas, remaining)
+            except ModelError as exc:
+                return None, None, str(exc)
+            self._record_model(reply)
+            messages.append(self._assistant_message(reply))
+            if not reply.tool_calls:
+                return reply.text or "", None, None
+            for call in reply.tool_calls:
+                key = (call.name, canonical_arguments(call.raw_arguments))
+                in_a_row = in_a_row + 1 if key == last_key else 1
+                last_key = key
+                if in_a_row >= agent.loop_limit:
+                    self._record_tool(call, "loop", reason=(
+                        f"loop detector: {call.name} asked for {in_a_row} times in a row with "
+                        "the same arguments"))
+                    return None, (f"loop detector: {call.name} called {in_a_row} times in a row "
+                                  "with the same arguments"), None
+                content, hit_deadline = self._handle(call, deadline)
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": self.masker.text(content)}
+                )
+                if self.cancel.is_set():
+                    return None, None, "interrupted before the run finished"
+                if hit_deadline:
+                    return None, f"task timeout ({task.timeout:g} s) reached", None
+        return None, f"max_turns ({task.max_turns}) reached without a final answer", None
+
+    @staticmethod
+    def _assistant_message(reply: ModelReply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _history_arguments(c.raw_arguments)},
+                }
+                for c in reply.tool_calls
+            ]
+        return message
+
+    # -- one tool call -------------------------------------------------------------------
+
+    def _handle(self, call: ToolCallRequest, deadline: float) -> tuple[str, bool]:
+        """Validate, consent, execute and record one call. Returns (answer, task deadline hit)."""
+        prepared = self.toolbox.prepare(call.name, call.raw_arguments)
+        if prepared is None:
+            known = ", ".join(self.toolbox.names) or "none"
+            answer = f"There is no tool named '{call.name}'. The tools are: {known}."
+            self._record_tool(call, "invalid", reason=f"no tool named '{call.name}'")
+            return answer, False
+        if isinstance(prepared, InvalidCall):
+            self._record_tool(call, "invalid", reason="; ".join(prepared.problems))
+            return prepared.answer, False
+        decision = decide(
+            self.spec.yolo,
+            self.spec.task.agent.allow,
+            prepared.tool,
+            prepared.rendered_arguments,
+            prepared.bash_command,
+        )
+        if not decision.allowed:
+            self._record_tool(call, "refused", prepared, reason=decision.reason)
+            return decision.reason or "refused", False
+        remaining = deadline - time.monotonic()
+        timeout = min(prepared.timeout or remaining, remaining)
+        result = self.executor.execute(
+            prepared.argv, prepared.workdir, prepared.env, max(timeout, 0.001), self.cancel
+        )
+        outcome: Outcome = "ran"
+        reason = None
+        if result.error is not None:
+            outcome, reason = "error", result.error
+        elif result.timed_out:
+            outcome, reason = "timeout", f"stopped after {timeout:g} s"
+        elif result.interrupted:
+            outcome, reason = "error", "interrupted"
+        self._record_tool(call, outcome, prepared, reason=reason, rule=decision.rule,
+                          result=result)
+        hit_deadline = result.timed_out and time.monotonic() >= deadline - 0.01
+        return model_result(prepared.argv, result, timeout), hit_deadline
+
+    def _record_model(self, reply: ModelReply) -> None:
+        self.recorder.emit(
+            "model",
+            {
+                "latency_s": round(reply.latency_s, 6),
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "finish_reason": reply.finish_reason,
+                "tool_calls": [
+                    {"name": c.name, "arguments": c.raw_arguments} for c in reply.tool_calls
+                ],
+                "content": reply.text,
+                "attempts": reply.attempts,
+            },
+        )
+
+    def _record_tool(
+        self,
+        call: ToolCallRequest,
+        outcome: Outcome,
+        prepared: PreparedCall | None = None,
+        *,
+        reason: str | None = None,
+        rule: str | None = None,
+        result: ExecResult | None = None,
+    ) -> None:
+        record: dict[str, Any] = {
+            "tool": call.name,
+            "raw_arguments": call.raw_arguments,
+            "arguments": prepared.arguments if prepared else None,
+            "outcome": outcome,
+            "reason": reason,
+            "rule": rule,
+            "argv": list(prepared.argv) if prepared else None,
+            "where": self.executor.where,
+            "exit_code": result.exit_code if result else None,
+            "duration_s": round(result.duration_s, 6) if result else None,
+            "stdout": decode(result.stdout.data) if result else None,
+            "stderr": decode(result.stderr.data) if result else None,
+            "stdout_bytes": result.stdout.total if result else None,
+            "stderr_bytes": result.stderr.total if result else None,
+            "truncated": bool(result and (result.stdout.cut or result.stderr.cut)),
+            "recovered_from_text": call.recovered_from_text,
+        }
+        self.recorder.emit("tool", record)
+        self.tool_records.append(record)
+        line = f"[{outcome}] {call.name} {call.raw_arguments or ''}".rstrip()
+        if prepared is not None and result is not None:
+            line += f"\n    {echo(prepared.argv)}  -> exit {result.exit_code}"
+        if reason:
+            line += f"\n    {reason}"
+        self.call_lines.append(self.masker.text(line))
+
+    def _run_check(self, argv: tuple[str, ...]) -> tuple[int | None, str]:
+        agent = self.spec.task.agent
+        result = self.executor.execute(argv, agent.directory, {}, CHECK_TIMEOUT_S, self.cancel)
+        if result.error is not None:
+            return None, result.error
+        output = (decode(result.stdout.data) + decode(result.stderr.data)).strip()
+        if result.timed_out:
+            return None, f"timed out after {CHECK_TIMEOUT_S:g} s"
+        return result.exit_code, output[-500:]

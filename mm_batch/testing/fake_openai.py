@@ -1,0 +1,147 @@
+"""A scripted fake model: a real HTTP server speaking the OpenAI chat-completions API.
+
+It records every request it receives. A script maps each request to a reply; `by_prompt`
+scripts conversations by their first user message and turn number, so parallel runs are
+deterministic. Useful to test a pipeline offline, without any model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HttpFailure:
+    """Answer a request with an HTTP error instead of a completion."""
+
+    status: int
+    message: str = "scripted failure"
+
+
+Reply = dict[str, Any] | HttpFailure
+Script = Callable[[dict[str, Any]], Reply]
+_ids = itertools.count(1)
+
+
+def text(content: str) -> dict[str, Any]:
+    """An assistant message with a final answer."""
+    return {"role": "assistant", "content": content}
+
+
+def tool_call(name: str, arguments: str | Mapping[str, Any], *more: tuple[str, Any]) -> dict[str, Any]:
+    """An assistant message asking for one tool call (or several, with `more`)."""
+    calls = [(name, arguments), *more]
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{next(_ids)}",
+                "type": "function",
+                "function": {
+                    "name": n,
+                    "arguments": a if isinstance(a, str) else json.dumps(a),
+                },
+            }
+            for n, a in calls
+        ],
+    }
+
+
+def first_user_message(request: Mapping[str, Any]) -> str:
+    return next(
+        (str(m.get("content")) for m in request.get("messages", []) if m.get("role") == "user"), ""
+    )
+
+
+def turn(request: Mapping[str, Any]) -> int:
+    """0 for the first model turn of a conversation, 1 for the next, and so on."""
+    return sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
+
+
+def by_prompt(conversations: Mapping[str, Sequence[Reply]], default: Reply | None = None) -> Script:
+    """Reply with the n-th scripted message of the conversation that starts with this prompt."""
+
+    def script(request: dict[str, Any]) -> Reply:
+        replies = conversations.get(first_user_message(request))
+        n = turn(request)
+        if replies is None or n >= len(replies):
+            return default if default is not None else text("done")
+        return replies[n]
+
+    return script
+
+
+class FakeOpenAI:
+    """Serve chat completions on a free loopback port; use as a context manager."""
+
+    def __init__(self, script: Script, latency_s: float = 0.0) -> None:
+        self.script = script
+        self.latency_s = latency_s
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}/v1"
+
+    def __enter__(self) -> FakeOpenAI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    self._send(400, {"error": {"message": "invalid JSON body"}})
+                    return
+                with fake._lock:
+                    fake.requests.append(body)
+                if fake.latency_s:
+                    time.sleep(fake.latency_s)
+                reply = fake.script(body)
+                if isinstance(reply, HttpFailure):
+                    self._send(reply.status, {"error": {"message": reply.message,
+                                                        "type": "scripted", "code": reply.status}})
+                    return
+                finish = "tool_calls" if reply.get("tool_calls") else "stop"
+                self._send(200, {
+                    "id": f"chatcmpl-{next(_ids)}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "fake"),
+                    "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                })
+
+            def _send(self, status: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                return
+
+        return Handler
