@@ -35,7 +35,9 @@ def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got '{pair}'", param_hint="--model-option")
+            raise click.BadParameter(
+                f"expected KEY=VALUE, got '{pair}'", param_hint="--model-option"
+            )
         options[key] = _parse_option_value(value)
     return options
 
@@ -44,14 +46,24 @@ def plan_options(function: F) -> F:
     """Options shared by `run` and `plan`: they override the files."""
     decorators = [
         click.option("--model", "models", multiple=True, help="Model to run on (repeatable)."),
-        click.option("--model-option", "model_options", multiple=True, metavar="KEY=VALUE",
-                     help="Passed to litellm for every model (repeatable)."),
+        click.option(
+            "--model-option",
+            "model_options",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Passed to litellm for every model (repeatable).",
+        ),
         click.option("--repeat", type=click.IntRange(min=1), help="Runs of every task per model."),
         click.option("--jobs", type=click.IntRange(min=1), help="Task runs in parallel."),
-        click.option("--yolo/--allowlist", "yolo", default=None,
-                     help="Run every call, or only calls the allowlist preapproves."),
-        click.option("--sandbox", type=click.Choice(["host", "docker"]),
-                     help="Where tool commands run."),
+        click.option(
+            "--yolo/--allowlist",
+            "yolo",
+            default=None,
+            help="Run every call, or only calls the allowlist preapproves.",
+        ),
+        click.option(
+            "--sandbox", type=click.Choice(["host", "docker"]), help="Where tool commands run."
+        ),
         click.option("--image", help="Sandbox image (with --sandbox docker)."),
         click.option("--filter", "filter_", metavar="GLOB", help="Only task ids matching GLOB."),
         click.option("--shard", metavar="K/N", help="Run only shard K of N (K from 1)."),
@@ -86,9 +98,14 @@ def cli() -> None:
 @cli.command()
 @click.argument("tasks_file", type=_EXISTING_FILE)
 @plan_options
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("mm-batch-results"), show_default=True,
-              help="Results folder; its previous results are replaced.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("mm-batch-results"),
+    show_default=True,
+    help="Results folder; its previous results are replaced.",
+)
 def run(tasks_file: Path, out_dir: Path, **options: Any) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
     from mm_batch.commands import run as command
@@ -125,7 +142,7 @@ def tools(agent_file: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: every known error becomes a clear message and an exit code, never a traceback."""
+    """Entry point: each known error becomes a clear message and an exit code, no traceback."""
     from mm_batch.config.problems import ConfigError
     from mm_batch.plan import PlanError
 

@@ -1,4 +1,4 @@
-"""Stage 3: the plan — tasks × models × repeats, with the CLI's overrides applied."""
+"""Stage 3: the plan — tasks x models x repeats, with the CLI's overrides applied."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mm_batch.config.model import DEFAULT_MODEL, SandboxKind, SandboxSpec, TaskSpec, TasksFile
+from mm_batch.config.model import DEFAULT_MODEL, SandboxKind, SandboxSpec, TasksFile, TaskSpec
 
 
 class PlanError(Exception):

@@ -66,16 +66,23 @@ def _cancel_on_signals(cancel: threading.Event, received: list[int]) -> Iterator
 
 
 def _check_supported(plan: Plan) -> None:
+    """Refuse what this version cannot honour, rather than run without it (a hook may refuse)."""
     for run in plan.runs:
-        if run.sandbox.kind != "host":
-            raise PlanError(
-                f"{run.run_id}: sandbox kind '{run.sandbox.kind}' is not available in "
-                f"mm-batch {__version__}; use the host sandbox"
+        agent = run.task.agent
+        missing = [
+            name
+            for name, used in (
+                (f"sandbox kind '{run.sandbox.kind}'", run.sandbox.kind != "host"),
+                (f"local models ('{run.model}')", run.model.startswith("local/")),
+                ("the read_skill built-in", "read_skill" in agent.builtins),
+                ("MCP servers", bool(agent.mcp)),
+                ("hooks", agent.hooks.pre_tool_call or agent.hooks.post_tool_call),
             )
-        if run.model.startswith("local/"):
+            if used
+        ]
+        if missing:
             raise PlanError(
-                f"{run.run_id}: local models ('{run.model}') are not available in "
-                f"mm-batch {__version__}; give a model with --model"
+                f"{run.run_id}: {', '.join(missing)} not available in mm-batch {__version__}"
             )
 
 
@@ -103,7 +110,9 @@ def _progress(total: int) -> Callable[[RunResult], None]:
         nonlocal count
         with lock:
             count += 1
-            line = f"[{count}/{total}] {result.status:<6} {result.run_id} ({result.duration_s:.1f} s)"
+            line = (
+                f"[{count}/{total}] {result.status:<6} {result.run_id} ({result.duration_s:.1f} s)"
+            )
             if result.reason:
                 line += f": {result.reason[:200]}"
             click.echo(line, err=True)
@@ -139,20 +148,25 @@ def run(
     tasks_file = load_tasks(tasks_path)
     plan = make_plan(tasks_file, overrides)
     _check_supported(plan)
-    masker = Masker.from_environment(
-        os.environ, [s for a in tasks_file.agents for s in a.secrets]
-    )
+    masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
     clear_outputs(out_dir)
     recorder = JsonlRecorder(out_dir / CALLS, masker)
     cancel = threading.Event()
     received: list[int] = []
     facts = provenance(plan)
-    click.echo(f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
-               f"{plan.jobs} in parallel", err=True)
+    click.echo(
+        f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
+        f"{plan.jobs} in parallel",
+        err=True,
+    )
     try:
         with _cancel_on_signals(cancel, received):
             results = run_batch(
-                plan, effects or default_effects(os.environ), recorder, masker, cancel,
+                plan,
+                effects or default_effects(os.environ),
+                recorder,
+                masker,
+                cancel,
                 _progress(len(plan.runs)),
             )
     finally:

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import yaml
+
 from mm_batch.config.model import (
     KNOWN_BUILTINS,
-    OWN_MODEL_OPTIONS,
     PARAM_TYPES,
     RESERVED_TOOL_NAMES,
     AgentConfig,
@@ -23,8 +24,8 @@ from mm_batch.config.model import (
     ParamSpec,
     ParamType,
     SandboxSpec,
-    TaskSpec,
     TasksFile,
+    TaskSpec,
     ToolSpec,
     Value,
     render_value,
@@ -40,8 +41,18 @@ PLACEHOLDER_RE = re.compile(r"\{\{(.*?)\}\}")
 ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 _AGENT_KEYS = {
-    "model", "model_options", "system", "yolo", "allow", "builtins", "skills", "mcp", "hooks",
-    "sandbox", "tools", "loop_limit",
+    "model",
+    "model_options",
+    "system",
+    "yolo",
+    "allow",
+    "builtins",
+    "skills",
+    "mcp",
+    "hooks",
+    "sandbox",
+    "tools",
+    "loop_limit",
 }
 _TOOL_KEYS = {"name", "description", "parameters", "command", "timeout", "workdir", "env"}
 _PARAM_KEYS = {"type", "description", "required", "enum", "default", "allow_dash"}
@@ -78,7 +89,9 @@ class _Expander:
             name = match.group(1)
             value = self.environ.get(name)
             if value is None:
-                self.reader.problem(at, f"environment variable {name} is not set (from ${{{name}}})")
+                self.reader.problem(
+                    at, f"environment variable {name} is not set (from ${{{name}}})"
+                )
                 return ""
             self.secrets.append(value)
             return value
@@ -106,7 +119,9 @@ def typed_value(reader: Reader, at: At, type_: ParamType) -> Value | None:
     return reader.boolean(at)
 
 
-def load_agent(path: Path, problems: list[Problem], environ: Mapping[str, str]) -> AgentConfig | None:
+def load_agent(
+    path: Path, problems: list[Problem], environ: Mapping[str, str]
+) -> AgentConfig | None:
     """Load one agent file; return None when it has problems (they are appended)."""
     reader = Reader(display_path(path), problems)
     before = len(problems)
@@ -236,7 +251,9 @@ def _sandbox(reader: Reader, at: At) -> SandboxSpec | None:
         if "memory" in limits:
             memory = reader.string(limits["memory"], non_empty=True)
             if memory is not None and not re.fullmatch(r"[0-9]+[bkmg]?", memory.lower()):
-                reader.problem(limits["memory"], f"expected a size such as 512m or 1g, got '{memory}'")
+                reader.problem(
+                    limits["memory"], f"expected a size such as 512m or 1g, got '{memory}'"
+                )
             else:
                 fields["memory"] = memory
         if "cpus" in limits:
@@ -261,9 +278,7 @@ def _choice(reader: Reader, at: At, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-def _tools(
-    reader: Reader, at: At, directory: Path, expander: _Expander
-) -> tuple[ToolSpec, ...]:
+def _tools(reader: Reader, at: At, directory: Path, expander: _Expander) -> tuple[ToolSpec, ...]:
     tools: list[ToolSpec] = []
     seen: dict[str, int] = {}
     for item in reader.sequence(at) or []:
@@ -272,7 +287,8 @@ def _tools(
             continue
         if tool.name in seen:
             reader.problem(
-                item, f"duplicate tool name '{tool.name}' (first at line {seen[tool.name]})",
+                item,
+                f"duplicate tool name '{tool.name}' (first at line {seen[tool.name]})",
                 path=item.key("name"),
             )
             continue
@@ -311,7 +327,7 @@ def _tool(reader: Reader, at: At, directory: Path, expander: _Expander) -> ToolS
         if rel is not None:
             workdir = (directory / rel).resolve()
     env: dict[str, str] = {}
-    for var, vat in reader.free_mapping(keys["env"]) if "env" in keys else []:
+    for var, vat in (reader.free_mapping(keys["env"]) or []) if "env" in keys else []:
         value = reader.string(vat)
         if value is not None:
             env[var] = expander.expand(vat, value)
@@ -530,15 +546,19 @@ def load_tasks(path: Path, environ: Mapping[str, str] | None = None) -> TasksFil
     if items == []:
         reader.problem(keys["tasks"], "lists no task")
     for item in items or []:
+        task_id = _peek_id(item)
+        if task_id is not None and task_id in seen:
+            reader.problem(
+                item,
+                f"duplicate task id '{task_id}' (first at line {seen[task_id]})",
+                path=item.key("id"),
+            )
+            continue
+        if task_id is not None:
+            seen[task_id] = item.line
         task = _task(reader, item, default_agent, "agent" in keys, agent_at)
-        if task is None:
-            continue
-        if task.id in seen:
-            reader.problem(item, f"duplicate task id '{task.id}' (first at line {seen[task.id]})",
-                           path=item.key("id"))
-            continue
-        seen[task.id] = item.line
-        tasks.append(task)
+        if task is not None:
+            tasks.append(task)
     if problems:
         raise ConfigError(problems)
     return TasksFile(
@@ -547,6 +567,15 @@ def load_tasks(path: Path, environ: Mapping[str, str] | None = None) -> TasksFil
         tasks=tuple(tasks),
         **{k: v for k, v in fields.items() if v is not None},
     )
+
+
+def _peek_id(at: At) -> str | None:
+    """A task's id as written, before validation, so duplicates are found whatever else fails."""
+    if isinstance(at.node, yaml.MappingNode):
+        for key, value in at.node.value:
+            if getattr(key, "value", None) == "id" and isinstance(value, yaml.ScalarNode):
+                return str(value.value)
+    return None
 
 
 def _task(
@@ -568,8 +597,9 @@ def _task(
     if "agent" in keys:
         agent = agent_at(keys["agent"])
     elif not has_default:
-        reader.problem(at, "no agent: give 'agent' here or at the top of the tasks file",
-                       path=at.key("agent"))
+        reader.problem(
+            at, "no agent: give 'agent' here or at the top of the tasks file", path=at.key("agent")
+        )
     fields: dict[str, Any] = {}
     if "timeout" in keys:
         fields["timeout"] = reader.number(keys["timeout"], positive=True)

@@ -15,8 +15,17 @@ NetworkMode = Literal["none", "bridge"]
 
 PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")
 RESERVED_TOOL_NAMES = frozenset(
-    {"bash", "read_skill", "read_file", "write_file", "edit_file", "list_files", "glob", "grep",
-     "web_fetch"}
+    {
+        "bash",
+        "read_skill",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_files",
+        "glob",
+        "grep",
+        "web_fetch",
+    }
 )
 KNOWN_BUILTINS = ("bash", "read_skill")
 DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"

@@ -86,7 +86,10 @@ class Reader:
     # -- structure -----------------------------------------------------------------------
 
     def mapping(
-        self, at: At, known: set[str], required: set[str] = frozenset()  # type: ignore[assignment]
+        self,
+        at: At,
+        known: set[str],
+        required: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> dict[str, At] | None:
         """Keys of a mapping: refuse duplicates, unknown keys and missing required keys."""
         if not isinstance(at.node, yaml.MappingNode):
@@ -95,14 +98,17 @@ class Reader:
         found: dict[str, At] = {}
         for key_node, value_node in at.node.value:
             if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
-                self.problem(At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}")
+                self.problem(
+                    At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}"
+                )
                 continue
             name = str(key_node.value)
             child = At(value_node, at.key(name))
             if name in found:
                 first = found[name].line
                 self.problem(
-                    At(key_node, child.path), f"duplicate key '{name}' (first given at line {first})"
+                    At(key_node, child.path),
+                    f"duplicate key '{name}' (first given at line {first})",
                 )
                 continue
             if name not in known:
@@ -129,7 +135,9 @@ class Reader:
         items: list[tuple[str, At]] = []
         for key_node, value_node in at.node.value:
             if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
-                self.problem(At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}")
+                self.problem(
+                    At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}"
+                )
                 continue
             name = str(key_node.value)
             child = At(value_node, at.key(name))
@@ -172,7 +180,9 @@ class Reader:
             return None
         return value
 
-    def number(self, at: At, *, minimum: float | None = None, positive: bool = False) -> float | None:
+    def number(
+        self, at: At, *, minimum: float | None = None, positive: bool = False
+    ) -> float | None:
         node = at.node
         if not (isinstance(node, yaml.ScalarNode) and node.style is None) or not (
             _NUMBER_RE.fullmatch(str(node.value))
@@ -266,6 +276,9 @@ def _not_a_string(node: yaml.ScalarNode) -> str:
         return f"'{text}' is read as a boolean in YAML 1.1; quote it to mean the string: \"{text}\""
     if node.tag in (_INT, _FLOAT):
         read_as = yaml.safe_load(text)
-        return f"'{text}' is read as the number {read_as!r}; quote it to keep it as written: \"{text}\""
+        return (
+            f"'{text}' is read as the number {read_as!r}; quote it to keep it as written: "
+            f'"{text}"'
+        )
     kind = node.tag.rsplit(":", 1)[-1]
     return f"'{text}' is read as a YAML {kind}; quote it to mean the string: \"{text}\""

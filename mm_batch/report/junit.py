@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,6 +11,14 @@ from junit_xml import TestCase, TestSuite
 
 from mm_batch.plan import Plan
 from mm_batch.run.task_run import RunResult
+
+# Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
+_ILLEGAL_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe(text: str) -> str:
+    """Show illegal characters as #xNN, as pytest's junitxml does, instead of breaking the file."""
+    return _ILLEGAL_XML.sub(lambda m: f"#x{ord(m.group()):02X}", text)
 
 
 def classname(suite: str, model: str) -> str:
@@ -22,29 +31,31 @@ def _case(plan: Plan, result: RunResult) -> TestCase:
     if result.answer is not None:
         out += f"\n\nfinal answer:\n{result.answer}"
     case = TestCase(
-        name=name,
-        classname=classname(plan.suite, result.model),
+        name=xml_safe(name),
+        classname=xml_safe(classname(plan.suite, result.model)),
         elapsed_sec=round(result.duration_s, 3),
-        stdout=out,
+        stdout=xml_safe(out),
     )
-    details = "\n".join(f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks)
+    details = "\n".join(
+        f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks
+    )
+    message = xml_safe(result.reason[:1000])
+    output = xml_safe(details or result.reason)
     if result.status == "failed":
-        case.add_failure_info(message=result.reason[:1000], output=details or result.reason,
-                              failure_type="failed")
+        case.add_failure_info(message=message, output=output, failure_type="failed")
     elif result.status == "error":
-        case.add_error_info(message=result.reason[:1000], output=details or result.reason,
-                            error_type="error")
+        case.add_error_info(message=message, output=output, error_type="error")
     return case
 
 
 def junit_xml(plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any]) -> str:
-    properties = {k: str(v) for k, v in provenance.items()}
+    properties = {xml_safe(k): xml_safe(str(v)) for k, v in provenance.items()}
     root = ET.Element("testsuites")
     totals = {"tests": 0, "failures": 0, "errors": 0}
     elapsed = 0.0
     for model in dict.fromkeys(r.model for r in results):
         cases = [_case(plan, r) for r in results if r.model == model]
-        suite = TestSuite(f"{plan.suite}[{model}]", cases, properties=properties)
+        suite = TestSuite(xml_safe(f"{plan.suite}[{model}]"), cases, properties=properties)
         element = suite.build_xml_doc()
         # junit-xml always writes `disabled`, which the common JUnit XSD rejects.
         element.attrib.pop("disabled", None)

@@ -56,7 +56,9 @@ def task_verdicts(results: Sequence[RunResult], min_pass_rate: float) -> list[Ta
         groups.setdefault((r.task, r.model), []).append(r)
     return [
         TaskVerdict(
-            task, model, len(rs),
+            task,
+            model,
+            len(rs),
             sum(r.status == "passed" for r in rs),
             sum(r.status == "failed" for r in rs),
             sum(r.status == "error" for r in rs),
@@ -72,7 +74,8 @@ def model_lines(results: Sequence[RunResult]) -> list[ModelLine]:
         groups.setdefault(r.model, []).append(r)
     return [
         ModelLine(
-            model, len(rs),
+            model,
+            len(rs),
             sum(r.status == "passed" for r in rs),
             sum(r.status == "failed" for r in rs),
             sum(r.status == "error" for r in rs),
@@ -99,19 +102,39 @@ def summary_json(
         "min_pass_rate": plan.min_pass_rate,
         "exit_code": code,
         "models": [
-            {"model": m.model, "runs": m.runs, "passed": m.passed, "failed": m.failed,
-             "errors": m.errors, "mean_s": round(m.mean_s, 3)}
+            {
+                "model": m.model,
+                "runs": m.runs,
+                "passed": m.passed,
+                "failed": m.failed,
+                "errors": m.errors,
+                "mean_s": round(m.mean_s, 3),
+            }
             for m in model_lines(results)
         ],
         "tasks": [
-            {"task": v.task, "model": v.model, "runs": v.runs, "passed": v.passed,
-             "failed": v.failed, "errors": v.errors, "pass_rate": round(v.pass_rate, 4),
-             "status": v.status}
+            {
+                "task": v.task,
+                "model": v.model,
+                "runs": v.runs,
+                "passed": v.passed,
+                "failed": v.failed,
+                "errors": v.errors,
+                "pass_rate": round(v.pass_rate, 4),
+                "status": v.status,
+            }
             for v in verdicts
         ],
         "runs": [
-            {"run": r.run_id, "task": r.task, "model": r.model, "repeat": r.repeat,
-             "status": r.status, "reason": r.reason, "duration_s": round(r.duration_s, 3)}
+            {
+                "run": r.run_id,
+                "task": r.task,
+                "model": r.model,
+                "repeat": r.repeat,
+                "status": r.status,
+                "reason": r.reason,
+                "duration_s": round(r.duration_s, 3),
+            }
             for r in results
         ],
     }
@@ -130,8 +153,9 @@ def summary_markdown(plan: Plan, results: Sequence[RunResult]) -> str:
         "|-------|-------------|--------|--------|-----------------|",
     ]
     for m in model_lines(results):
-        lines.append(f"| {_cell(m.model)} | {m.passed}/{m.runs} | {m.failed} | {m.errors} | "
-                     f"{m.mean_s:.1f} |")
+        lines.append(
+            f"| {_cell(m.model)} | {m.passed}/{m.runs} | {m.failed} | {m.errors} | {m.mean_s:.1f} |"
+        )
     not_passed = [r for r in results if r.status != "passed"]
     if not_passed:
         lines += ["", "| Run | Status | Why |", "|-----|--------|-----|"]
@@ -142,8 +166,11 @@ def summary_markdown(plan: Plan, results: Sequence[RunResult]) -> str:
 
 def terminal_table(results: Sequence[RunResult]) -> str:
     rows = [("model", "passed/runs", "failed", "errors", "mean s")]
-    rows += [(m.model, f"{m.passed}/{m.runs}", str(m.failed), str(m.errors), f"{m.mean_s:.1f}")
-             for m in model_lines(results)]
+    rows += [
+        (m.model, f"{m.passed}/{m.runs}", str(m.failed), str(m.errors), f"{m.mean_s:.1f}")
+        for m in model_lines(results)
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )

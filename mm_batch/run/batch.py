@@ -88,8 +88,10 @@ def run_batch(
                 finished.notify_all()
 
     # Daemon threads: an interrupted batch must not wait for a model call still in flight.
-    workers = [threading.Thread(target=work, daemon=True, name=f"mm-batch-{i}")
-               for i in range(max(1, min(plan.jobs, len(slots))))]
+    workers = [
+        threading.Thread(target=work, daemon=True, name=f"mm-batch-{i}")
+        for i in range(max(1, min(plan.jobs, len(slots))))
+    ]
     for w in workers:
         w.start()
     with finished:
@@ -97,8 +99,9 @@ def run_batch(
             finished.wait(timeout=0.2)
         if cancel.is_set():
             grace_end = time.monotonic() + CANCEL_GRACE_S
-            while done < len(slots) and any(s.started is not None and s.result is None
-                                            for s in slots):
+            while done < len(slots) and any(
+                s.started is not None and s.result is None for s in slots
+            ):
                 left = grace_end - time.monotonic()
                 if left <= 0:
                     break
@@ -125,7 +128,12 @@ def _close_interrupted(slot: _Slot) -> None:
     slot.result = interrupted_result(slot.spec, duration)
     slot.recorder.emit(
         "task",
-        {"status": "error", "checks": [], "duration_s": round(duration, 6),
-         "reason": slot.result.reason, "answer": None},
+        {
+            "status": "error",
+            "checks": [],
+            "duration_s": round(duration, 6),
+            "reason": slot.result.reason,
+            "answer": None,
+        },
     )
     slot.recorder.close()

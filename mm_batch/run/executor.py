@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -80,7 +81,9 @@ class _Sink:
         return Captured(b"".join(self.chunks), self.total)
 
 
-def host_environment(extra: Mapping[str, str], source: Mapping[str, str] | None = None) -> dict[str, str]:
+def host_environment(
+    extra: Mapping[str, str], source: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """PATH, HOME, LANG, TZ from mm-batch's environment plus the tool's own: nothing else leaks."""
     environ = os.environ if source is None else source
     env = {k: environ[k] for k in _ENV_PASSED if k in environ}
@@ -90,10 +93,8 @@ def host_environment(extra: Mapping[str, str], source: Mapping[str, str] | None 
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class HostExecutor:
@@ -151,38 +152,46 @@ class HostExecutor:
         cancel: threading.Event | None,
     ) -> ExecResult:
         assert proc.stdout is not None and proc.stderr is not None
-        sinks = {proc.stdout.fileno(): _Sink(self.log_limit), proc.stderr.fileno(): _Sink(self.log_limit)}
-        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        out, err = _Sink(self.log_limit), _Sink(self.log_limit)
+        sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         selector = selectors.DefaultSelector()
         for fd in sinks:
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ)
+        # A pidfd turns "the process exited" into one more readable descriptor: no polling.
+        pidfd = _pidfd(proc.pid)
+        if pidfd is not None:
+            selector.register(pidfd, selectors.EVENT_READ)
         deadline = started + timeout
         term_sent: float | None = None
-        killed = False
-        timed_out = interrupted = False
+        killed = timed_out = interrupted = False
         try:
             while True:
                 now = time.monotonic()
-                if term_sent is None and (now >= deadline or (cancel is not None and cancel.is_set())):
-                    timed_out = now >= deadline
-                    interrupted = not timed_out
+                stop = now >= deadline or (cancel is not None and cancel.is_set())
+                if term_sent is None and stop:
+                    timed_out, interrupted = now >= deadline, now < deadline
                     _signal_group(proc.pid, signal.SIGTERM)
                     term_sent = now
                 if term_sent is not None and not killed and now >= term_sent + KILL_GRACE_S:
                     _signal_group(proc.pid, signal.SIGKILL)
                     killed = True
+                pipes_open = any(fd in sinks for fd in selector.get_map())
                 exited = proc.poll() is not None
-                if not selector.get_map() and exited:
+                if exited and not pipes_open:
                     break
                 # Pipes held open by a process that escaped the group must not hold us forever.
-                if killed and exited and now >= term_sent + 2 * KILL_GRACE_S:  # type: ignore[operator]
+                if exited and term_sent is not None and now >= term_sent + 2 * KILL_GRACE_S:
                     break
-                if not selector.get_map():
-                    time.sleep(0.01)
+                if not pipes_open and pidfd is None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.05)
                     continue
-                for key, _ in selector.select(timeout=0.05):
+                for key, _ in selector.select(timeout=min(0.1, max(deadline - now, 0.001))):
                     fd = int(key.fd)
+                    if fd == pidfd:
+                        selector.unregister(fd)
+                        continue
                     try:
                         chunk = os.read(fd, _READ_CHUNK)
                     except BlockingIOError:
@@ -193,20 +202,29 @@ class HostExecutor:
                         selector.unregister(fd)
         finally:
             selector.close()
+            if pidfd is not None:
+                os.close(pidfd)
             proc.stdout.close()
             proc.stderr.close()
         returncode = proc.wait()
-        if proc.poll() is not None and not killed:
-            # Take down whatever the command left behind in its group.
+        if not killed:
+            # Take down whatever the command left running in its group.
             _signal_group(proc.pid, signal.SIGKILL)
         exit_code: int | None = returncode if returncode >= 0 else 128 - returncode
         if timed_out or interrupted:
             exit_code = None
         return ExecResult(
             exit_code,
-            sinks[out_fd].captured(),
-            sinks[err_fd].captured(),
+            out.captured(),
+            err.captured(),
             time.monotonic() - started,
             timed_out=timed_out,
             interrupted=interrupted,
         )
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

@@ -39,8 +39,11 @@ def _ran(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _expected_call(index: int, want: CallExpectation, ran: list[dict[str, Any]]) -> Check:
-    matching = [r for r in ran if r["tool"] == want.tool and _args_match(dict(want.args or {}),
-                                                                         r["arguments"] or {})]
+    matching = [
+        r
+        for r in ran
+        if r["tool"] == want.tool and _args_match(dict(want.args or {}), r["arguments"] or {})
+    ]
     args = json.dumps(dict(want.args or {}), ensure_ascii=False)
     wanted = f"{want.tool} {args}" + (f" {want.times} time(s)" if want.times is not None else "")
     ok = len(matching) == want.times if want.times is not None else bool(matching)
@@ -63,13 +66,19 @@ def judge(
         checks.append(_expected_call(i, want, ran))
     for name in expect.no_calls:
         hits = [r for r in ran if r["tool"] == name]
-        checks.append(Check(f"no_calls:{name}", not hits,
-                            f"{name} ran {len(hits)} time(s)" if hits else f"{name} did not run"))
+        checks.append(
+            Check(
+                f"no_calls:{name}",
+                not hits,
+                f"{name} ran {len(hits)} time(s)" if hits else f"{name} did not run",
+            )
+        )
     refused = [r for r in records if r.get("outcome") == "refused"]
     for name in expect.refused:
         hits = [r for r in refused if r["tool"] == name]
-        checks.append(Check(f"refused:{name}", bool(hits),
-                            f"{name} was refused {len(hits)} time(s)"))
+        checks.append(
+            Check(f"refused:{name}", bool(hits), f"{name} was refused {len(hits)} time(s)")
+        )
     unexpected = [r for r in refused if r["tool"] not in expect.refused]
     if unexpected:
         shown = "; ".join(str(r.get("reason")) for r in unexpected)
@@ -83,8 +92,13 @@ def judge(
         checks.append(Check("exit_code", not wrong, detail))
     for text in expect.answer_contains:
         found = answer is not None and text in answer
-        checks.append(Check(f"answer_contains:{text}", found,
-                            "found in the answer" if found else "not in the final answer"))
+        checks.append(
+            Check(
+                f"answer_contains:{text}",
+                found,
+                "found in the answer" if found else "not in the final answer",
+            )
+        )
     if check_exit is not None:
         code, output = check_exit
         detail = f"exited {code}" if code is not None else "could not complete"

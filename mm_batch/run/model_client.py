@@ -79,8 +79,10 @@ def is_transient(exc: BaseException) -> bool:
     if code is not None:
         return code in _TRANSIENT_STATUS or code >= 500
     names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"APIConnectionError", "Timeout", "APITimeoutError", "TimeoutError",
-                         "ConnectionError"})
+    return bool(
+        names
+        & {"APIConnectionError", "Timeout", "APITimeoutError", "TimeoutError", "ConnectionError"}
+    )
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -157,7 +159,8 @@ def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
             ToolCallRequest(
                 id=str(getattr(call, "id", None) or f"call_{i}"),
                 name=str(name or ""),
-                raw_arguments=arguments if isinstance(arguments, str) or arguments is None
+                raw_arguments=arguments
+                if isinstance(arguments, str) or arguments is None
                 else str(arguments),
             )
         )

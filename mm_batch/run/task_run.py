@@ -11,7 +11,7 @@ from typing import Any
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
-from mm_batch.run.executor import Executor, ExecResult
+from mm_batch.run.executor import ExecResult, Executor
 from mm_batch.run.judge import Check, judge
 from mm_batch.run.model_client import ModelClient, ModelError, ModelReply, ToolCallRequest
 from mm_batch.run.output import decode, echo, model_result
@@ -40,8 +40,18 @@ class RunResult:
 
 
 def interrupted_result(spec: RunSpec, duration_s: float, calls: tuple[str, ...] = ()) -> RunResult:
-    return RunResult(spec.run_id, spec.task.id, spec.model, spec.repeat, "error",
-                     "interrupted before the run finished", (), duration_s, None, calls)
+    return RunResult(
+        spec.run_id,
+        spec.task.id,
+        spec.model,
+        spec.repeat,
+        "error",
+        "interrupted before the run finished",
+        (),
+        duration_s,
+        None,
+        calls,
+    )
 
 
 def canonical_arguments(raw: str | None) -> str:
@@ -120,9 +130,16 @@ class TaskRun:
             },
         )
         return RunResult(
-            self.spec.run_id, task.id, self.spec.model, self.spec.repeat, status,
-            self.masker.text(reason), tuple(checks), duration,
-            None if answer is None else self.masker.text(answer), tuple(self.call_lines),
+            self.spec.run_id,
+            task.id,
+            self.spec.model,
+            self.spec.repeat,
+            status,
+            self.masker.text(reason),
+            tuple(Check(c.name, c.ok, self.masker.text(c.detail)) for c in checks),
+            duration,
+            None if answer is None else self.masker.text(answer),
+            tuple(self.call_lines),
         )
 
     def _loop(self, deadline: float) -> tuple[str | None, str | None, str | None]:
@@ -155,11 +172,22 @@ class TaskRun:
                 in_a_row = in_a_row + 1 if key == last_key else 1
                 last_key = key
                 if in_a_row >= agent.loop_limit:
-                    self._record_tool(call, "loop", reason=(
-                        f"loop detector: {call.name} asked for {in_a_row} times in a row with "
-                        "the same arguments"))
-                    return None, (f"loop detector: {call.name} called {in_a_row} times in a row "
-                                  "with the same arguments"), None
+                    self._record_tool(
+                        call,
+                        "loop",
+                        reason=(
+                            f"loop detector: {call.name} asked for {in_a_row} times in a row with "
+                            "the same arguments"
+                        ),
+                    )
+                    return (
+                        None,
+                        (
+                            f"loop detector: {call.name} called {in_a_row} times in a row "
+                            "with the same arguments"
+                        ),
+                        None,
+                    )
                 content, hit_deadline = self._handle(call, deadline)
                 messages.append(
                     {"role": "tool", "tool_call_id": call.id, "content": self.masker.text(content)}
@@ -220,8 +248,7 @@ class TaskRun:
             outcome, reason = "timeout", f"stopped after {timeout:g} s"
         elif result.interrupted:
             outcome, reason = "error", "interrupted"
-        self._record_tool(call, outcome, prepared, reason=reason, rule=decision.rule,
-                          result=result)
+        self._record_tool(call, outcome, prepared, reason=reason, rule=decision.rule, result=result)
         hit_deadline = result.timed_out and time.monotonic() >= deadline - 0.01
         return model_result(prepared.argv, result, timeout), hit_deadline
 

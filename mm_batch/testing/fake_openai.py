@@ -35,7 +35,9 @@ def text(content: str) -> dict[str, Any]:
     return {"role": "assistant", "content": content}
 
 
-def tool_call(name: str, arguments: str | Mapping[str, Any], *more: tuple[str, Any]) -> dict[str, Any]:
+def tool_call(
+    name: str, arguments: str | Mapping[str, Any], *more: tuple[str, Any]
+) -> dict[str, Any]:
     """An assistant message asking for one tool call (or several, with `more`)."""
     calls = [(name, arguments), *more]
     return {
@@ -120,18 +122,29 @@ class FakeOpenAI:
                     time.sleep(fake.latency_s)
                 reply = fake.script(body)
                 if isinstance(reply, HttpFailure):
-                    self._send(reply.status, {"error": {"message": reply.message,
-                                                        "type": "scripted", "code": reply.status}})
+                    self._send(
+                        reply.status,
+                        {
+                            "error": {
+                                "message": reply.message,
+                                "type": "scripted",
+                                "code": reply.status,
+                            }
+                        },
+                    )
                     return
                 finish = "tool_calls" if reply.get("tool_calls") else "stop"
-                self._send(200, {
-                    "id": f"chatcmpl-{next(_ids)}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model", "fake"),
-                    "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{next(_ids)}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    },
+                )
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()

@@ -197,8 +197,12 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
                 continue
             coerced[param.name] = value
     if problems:
-        return InvalidCall(tuple(problems), invalid_answer(tool.name, problems, raw_arguments,
-                                                           [parameter_line(p) for p in tool.params]))
+        return InvalidCall(
+            tuple(problems),
+            invalid_answer(
+                tool.name, problems, raw_arguments, [parameter_line(p) for p in tool.params]
+            ),
+        )
     return ValidCall(coerced, render_argv(tool, coerced))
 
 

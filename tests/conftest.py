@@ -1,0 +1,99 @@
+"""Shared fixtures: a scripted fake model behind a real HTTP server, and a CLI driver."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mm_batch.cli import main
+from mm_batch.testing.fake_openai import FakeOpenAI, Script
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "release"
+JUNIT_XSD = ROOT.parent / "shared" / "data" / "junit-10.xsd"
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """Run mm-batch in-process, as a user would from the shell."""
+
+    def invoke(*args: str | Path, cwd: Path | None = None) -> CliResult:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return invoke
+
+
+@pytest.fixture
+def fake_model() -> Iterator[Callable[[Script], FakeOpenAI]]:
+    servers: list[FakeOpenAI] = []
+
+    def start(script: Script, latency_s: float = 0.0) -> FakeOpenAI:
+        server = FakeOpenAI(script, latency_s).__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def release_example(tmp_path: Path) -> Path:
+    """A private copy of examples/release, so that runs can write beside it."""
+    target = tmp_path / "release"
+    shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("calls-received.log"))
+    return target
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+def read_calls(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+
+
+def model_args(server: FakeOpenAI) -> list[str]:
+    return ["--model", "hosted_vllm/fake", "--model-option", f"api_base={server.url}"]
+
+
+# A program that prints its argv (after argv[0]) as JSON: what really reached the process.
+ARGV_PRINTER = textwrap.dedent(
+    """\
+    #!/usr/bin/env python3
+    import json, sys
+    print(json.dumps(sys.argv[1:]))
+    """
+)
+
+
+@pytest.fixture
+def argv_printer(tmp_path: Path) -> Path:
+    path = tmp_path / "show-argv"
+    path.write_text(ARGV_PRINTER)
+    path.chmod(0o755)
+    return path
