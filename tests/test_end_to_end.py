@@ -32,6 +32,11 @@ GOOD = {
 }
 
 
+def run_release(cli: Cli, example: Path, fake: FakeOpenAI, out: Path, *extra: str) -> CliResult:
+    """mm-batch run of the release example on the fake model."""
+    return cli("run", example / "tasks.yaml", *model_args(fake), "--out", out, *extra)
+
+
 def received(example: Path) -> list[str]:
     log = example / "calls-received.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -46,7 +51,7 @@ def test_release_example_passes_and_writes_the_outputs(
 ) -> None:
     fake = fake_model(by_prompt(GOOD))
     out = tmp_path / "out"
-    result = cli("run", release_example / "tasks.yaml", *model_args(fake), "--out", out)
+    result = run_release(cli, release_example, fake, out)
     assert result.code == 0, result.err
     assert sorted(p.name for p in out.iterdir()) == [
         "calls.jsonl",
@@ -81,15 +86,7 @@ def test_release_example_passes_and_writes_the_outputs(
 def test_record_fields(cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path) -> None:
     fake = fake_model(by_prompt(GOOD))
     out = tmp_path / "out"
-    cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "release-en",
-    )
+    run_release(cli, release_example, fake, out, "--filter", "release-en")
     records = read_calls(out)
     assert [r["kind"] for r in records] == ["model", "tool", "model", "task"]
     assert [r["seq"] for r in records] == [1, 2, 3, 4]
@@ -135,15 +132,7 @@ def test_packed_call_is_quoted_back_and_the_retry_runs(
         )
     )
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "release-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "release-en")
     assert result.code == 0, result.err
     first, second = tool_records(out)
     assert (first["outcome"], first["raw_arguments"]) == ("invalid", packed)
@@ -243,15 +232,7 @@ def test_refusal_is_answered_recorded_and_fails_the_task(
         )
     )
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "release-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "release-en")
     assert result.code == 1
     (record,) = tool_records(out)
     assert record["outcome"] == "refused" and record["rule"] is None
@@ -261,16 +242,7 @@ def test_refusal_is_answered_recorded_and_fails_the_task(
     assert received(release_example) == []
     # With --yolo the same call runs.
     fake.requests.clear()
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "release-en",
-        "--yolo",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "release-en", "--yolo")
     assert tool_records(out)[0]["outcome"] == "ran"
     assert received(release_example) == ["release [1.4.2] [--channel=stable]"]
 
@@ -280,15 +252,7 @@ def test_loop_detector_stops_the_third_identical_call(
 ) -> None:
     fake = fake_model(by_prompt({STATUS_EN: [tool_call("status", '{"service":"billing"}')] * 5}))
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "status-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "status-en")
     assert result.code == 1
     assert [r["outcome"] for r in tool_records(out)] == ["ran", "ran", "loop"]
     assert len(received(release_example)) == 2
@@ -355,15 +319,7 @@ def test_garbage_from_the_model_is_answered(
         )
     )
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "status-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "status-en")
     assert result.code == 0, result.err
     assert [r["outcome"] for r in tool_records(out)] == ["invalid", "invalid", "invalid", "ran"]
     # Invalid JSON never goes back into the history.
@@ -386,15 +342,7 @@ def test_transient_errors_are_retried_without_rerunning_tools(
 
     fake = fake_model(flaky)
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "release-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "release-en")
     assert result.code == 0, result.err
     assert len(fake.requests) == 4
     assert received(release_example) == ["release [1.4.2] [--channel=beta]"]
@@ -406,15 +354,7 @@ def test_client_errors_are_not_retried(
 ) -> None:
     fake = fake_model(lambda _r: HttpFailure(400, "bad request"))
     out = tmp_path / "out"
-    result = cli(
-        "run",
-        release_example / "tasks.yaml",
-        *model_args(fake),
-        "--out",
-        out,
-        "--filter",
-        "status-en",
-    )
+    result = run_release(cli, release_example, fake, out, "--filter", "status-en")
     assert result.code == 3
     assert len(fake.requests) == 1
     assert "the model refused the request" in read_calls(out)[-1]["reason"]

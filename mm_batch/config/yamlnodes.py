@@ -85,17 +85,13 @@ class Reader:
 
     # -- structure -----------------------------------------------------------------------
 
-    def mapping(
-        self,
-        at: At,
-        known: set[str],
-        required: set[str] = frozenset(),  # type: ignore[assignment]
-    ) -> dict[str, At] | None:
-        """Keys of a mapping: refuse duplicates, unknown keys and missing required keys."""
+    def _entries(self, at: At) -> list[tuple[str, At, At]] | None:
+        """(name, key, value) of a mapping's entries; non-string and duplicate keys reported."""
         if not isinstance(at.node, yaml.MappingNode):
             self.problem(at, f"expected a mapping, got {_describe(at.node)}")
             return None
-        found: dict[str, At] = {}
+        first_line: dict[str, int] = {}
+        entries: list[tuple[str, At, At]] = []
         for key_node, value_node in at.node.value:
             if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
                 self.problem(
@@ -103,19 +99,33 @@ class Reader:
                 )
                 continue
             name = str(key_node.value)
-            child = At(value_node, at.key(name))
-            if name in found:
-                first = found[name].line
+            key = At(key_node, at.key(name))
+            if name in first_line:
                 self.problem(
-                    At(key_node, child.path),
-                    f"duplicate key '{name}' (first given at line {first})",
+                    key, f"duplicate key '{name}' (first given at line {first_line[name]})"
                 )
                 continue
+            first_line[name] = key.line
+            entries.append((name, key, At(value_node, key.path)))
+        return entries
+
+    def mapping(
+        self,
+        at: At,
+        known: set[str],
+        required: set[str] = frozenset(),  # type: ignore[assignment]
+    ) -> dict[str, At] | None:
+        """Keys of a mapping: refuse duplicates, unknown keys and missing required keys."""
+        entries = self._entries(at)
+        if entries is None:
+            return None
+        found: dict[str, At] = {}
+        for name, key, value in entries:
             if name not in known:
                 hint = ", ".join(sorted(known))
-                self.problem(At(key_node, child.path), f"unknown key '{name}' (known keys: {hint})")
+                self.problem(key, f"unknown key '{name}' (known keys: {hint})")
                 continue
-            found[name] = child
+            found[name] = value
         for name in sorted(required - found.keys()):
             self.problem(at, f"missing required key '{name}'", path=at.key(name))
         return found
@@ -128,28 +138,8 @@ class Reader:
 
     def free_mapping(self, at: At) -> list[tuple[str, At]] | None:
         """A mapping whose keys are the user's own (parameters, env, options)."""
-        if not isinstance(at.node, yaml.MappingNode):
-            self.problem(at, f"expected a mapping, got {_describe(at.node)}")
-            return None
-        seen: dict[str, int] = {}
-        items: list[tuple[str, At]] = []
-        for key_node, value_node in at.node.value:
-            if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
-                self.problem(
-                    At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}"
-                )
-                continue
-            name = str(key_node.value)
-            child = At(value_node, at.key(name))
-            if name in seen:
-                self.problem(
-                    At(key_node, child.path),
-                    f"duplicate key '{name}' (first given at line {seen[name]})",
-                )
-                continue
-            seen[name] = child.line
-            items.append((name, child))
-        return items
+        entries = self._entries(at)
+        return None if entries is None else [(name, value) for name, _, value in entries]
 
     # -- scalars -------------------------------------------------------------------------
 
