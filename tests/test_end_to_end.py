@@ -520,3 +520,30 @@ def test_features_not_in_this_version_are_refused_not_ignored(cli: Cli, tmp_path
     assert result.code == 2
     assert "a[hosted_vllm/x]#1: hooks not available in mm-batch" in result.err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("recover", [True, False])
+def test_tool_calls_written_as_text_are_rescued_when_asked(
+    recover: bool, cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
+) -> None:
+    written = '```json\n{"name": "status", "arguments": {"service": "billing"}}\n```'
+    fake = fake_model(by_prompt({STATUS_EN: [text(written), text("Billing is running.")]}))
+    out = tmp_path / "out"
+    option = f"recover_text_tool_calls={'true' if recover else 'false'}"
+    result = run_release(
+        cli, release_example, fake, out, "--filter", "status-en", "--model-option", option
+    )
+    assert result.code == (0 if recover else 1), result.err
+    records = tool_records(out)
+    if not recover:
+        assert records == [] and received(release_example) == []
+        return
+    (record,) = records
+    assert record["recovered_from_text"] is True and record["outcome"] == "ran"
+    assert received(release_example) == ["status [billing]"]
+    history = fake.requests[1]["messages"]
+    assert history[-2] == {"role": "assistant", "content": written}  # kept as it was
+    assert history[-1]["role"] == "user"
+    assert history[-1]["content"].startswith("The status call ran. Its result:\n$ ./status.sh")
+    # recover_text_tool_calls is mm-batch's own option: never passed on to the model.
+    assert "recover_text_tool_calls" not in fake.requests[0]

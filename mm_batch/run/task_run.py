@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from mm_batch.run.records import Outcome, RunRecorder, Status
 from mm_batch.run.toolbox import PreparedCall, Toolbox
 from mm_batch.tools.consent import decide
 from mm_batch.tools.declared import InvalidCall, parse_arguments
+from mm_batch.tools.text_calls import recover_tool_calls
 
 CHECK_TIMEOUT_S = 120.0
 
@@ -165,6 +167,8 @@ class TaskRun:
                 return None, None, str(exc)
             self._record_model(reply)
             messages.append(self._assistant_message(reply))
+            if not reply.tool_calls and reply.text and self._recover_text_calls():
+                reply = self._with_text_calls(reply)
             if not reply.tool_calls:
                 return reply.text or "", None, None
             for call in reply.tool_calls:
@@ -189,14 +193,37 @@ class TaskRun:
                         None,
                     )
                 content, hit_deadline = self._handle(call, deadline)
-                messages.append(
-                    {"role": "tool", "tool_call_id": call.id, "content": self.masker.text(content)}
-                )
+                messages.append(self._result_message(call, self.masker.text(content)))
                 if self.cancel.is_set():
                     return None, None, "interrupted before the run finished"
                 if hit_deadline:
                     return None, f"task timeout ({task.timeout:g} s) reached", None
         return None, f"max_turns ({task.max_turns}) reached without a final answer", None
+
+    def _recover_text_calls(self) -> bool:
+        """On by default for local models, `model_options.recover_text_tool_calls` for others."""
+        default = self.spec.model.startswith("local/")
+        return bool(self.spec.model_options.get("recover_text_tool_calls", default))
+
+    def _with_text_calls(self, reply: ModelReply) -> ModelReply:
+        found = recover_tool_calls(reply.text or "", self.toolbox.names)
+        calls = tuple(
+            ToolCallRequest(f"text_call_{i}", c.name, c.raw_arguments, recovered_from_text=True)
+            for i, c in enumerate(found)
+        )
+        return dataclasses.replace(reply, tool_calls=calls)
+
+    @staticmethod
+    def _result_message(call: ToolCallRequest, content: str) -> dict[str, Any]:
+        if call.recovered_from_text:
+            # The model's turn held no real tool call to answer: the history stays as it was,
+            # and the result comes back as the next user message.
+            return {
+                "role": "user",
+                "content": f"The {call.name} call ran. Its result:\n{content}\n\n"
+                "If that settles the request, answer in plain text, without calling a tool.",
+            }
+        return {"role": "tool", "tool_call_id": call.id, "content": content}
 
     @staticmethod
     def _assistant_message(reply: ModelReply) -> dict[str, Any]:
