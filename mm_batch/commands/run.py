@@ -7,7 +7,7 @@ import platform
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,7 +120,8 @@ def _progress(total: int) -> Callable[[RunResult], None]:
     return report
 
 
-def default_effects(environ: Mapping[str, str]) -> Effects:
+def default_effects() -> Effects:
+    """litellm clients (one per model and options) and the host executor."""
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
 
@@ -163,7 +164,7 @@ def run(
         with _cancel_on_signals(cancel, received):
             results = run_batch(
                 plan,
-                effects or default_effects(os.environ),
+                effects or default_effects(),
                 recorder,
                 masker,
                 cancel,

@@ -41,7 +41,8 @@ class RunResult:
     calls: tuple[str, ...]
 
 
-def interrupted_result(spec: RunSpec, duration_s: float, calls: tuple[str, ...] = ()) -> RunResult:
+def interrupted_result(spec: RunSpec, duration_s: float) -> RunResult:
+    """The result of a run that the batch stopped waiting for."""
     return RunResult(
         spec.run_id,
         spec.task.id,
@@ -52,7 +53,7 @@ def interrupted_result(spec: RunSpec, duration_s: float, calls: tuple[str, ...] 
         (),
         duration_s,
         None,
-        calls,
+        (),
     )
 
 
