@@ -1,5 +1,8 @@
 #!/bin/sh
 # Stand-in package test runner: appends the argv it received to calls-received.log.
 log="$(dirname "$0")/calls-received.log"
-{ printf 'pkgtest'; for arg in "$@"; do printf ' [%s]' "$arg"; done; printf '\n'; } >>"$log"
+line=pkgtest
+for arg in "$@"; do line="$line [$arg]"; done
+# One write per call: parallel runs append whole lines, never interleaved pieces.
+printf '%s\n' "$line" >>"$log"
 echo "3 tests of package $1 passed."

@@ -2,5 +2,8 @@
 # Stand-in release script: appends the argv it received to calls-received.log, one entry per
 # [bracket], so that a run can be checked against what really ran.
 log="$(dirname "$0")/calls-received.log"
-{ printf 'release'; for arg in "$@"; do printf ' [%s]' "$arg"; done; printf '\n'; } >>"$log"
+line=release
+for arg in "$@"; do line="$line [$arg]"; done
+# One write per call: parallel runs append whole lines, never interleaved pieces.
+printf '%s\n' "$line" >>"$log"
 echo "Released version $1 (${2#--channel=} channel)."
