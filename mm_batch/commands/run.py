@@ -17,9 +17,10 @@ from typing import Any
 import click
 
 from mm_batch import __version__
+from mm_batch.commands.effects import default_effects
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.secrets import Masker
-from mm_batch.plan import Overrides, Plan, PlanError, RunSpec, make_plan
+from mm_batch.plan import Overrides, Plan, PlanError, make_plan
 from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.files import (
     CALLS,
@@ -39,8 +40,7 @@ from mm_batch.report.summary import (
     terminal_table,
 )
 from mm_batch.run.batch import Effects, run_batch
-from mm_batch.run.executor import Executor, HostExecutor
-from mm_batch.run.model_client import LiteLLMClient, ModelClient, litellm_version, load_litellm
+from mm_batch.run.model_client import litellm_version
 from mm_batch.run.task_run import RunResult
 
 DEFAULT_OUT = Path("mm-batch-results")
@@ -72,7 +72,6 @@ def _check_supported(plan: Plan) -> None:
         missing = [
             name
             for name, used in (
-                (f"sandbox kind '{run.sandbox.kind}'", run.sandbox.kind != "host"),
                 (f"local models ('{run.model}')", run.model.startswith("local/")),
                 ("the read_skill built-in", "read_skill" in agent.builtins),
                 ("MCP servers", bool(agent.mcp)),
@@ -120,26 +119,6 @@ def _progress(total: int) -> Callable[[RunResult], None]:
     return report
 
 
-def default_effects() -> Effects:
-    """litellm clients (one per model and options) and the host executor."""
-    clients: dict[str, ModelClient] = {}
-    lock = threading.Lock()
-
-    def client_for(spec: RunSpec) -> ModelClient:
-        key = f"{spec.model}\0{sorted(spec.model_options.items())!r}"
-        with lock:
-            if key not in clients:
-                clients[key] = LiteLLMClient(spec.model, spec.model_options)
-            return clients[key]
-
-    def executor_for(_spec: RunSpec) -> Executor:
-        return HostExecutor()
-
-    # Import litellm (seconds) before the first run starts, so that no run's time includes it.
-    load_litellm()
-    return Effects(client_for, executor_for)
-
-
 def run(
     tasks_path: Path,
     overrides: Overrides,
@@ -160,16 +139,16 @@ def run(
         f"{plan.jobs} in parallel",
         err=True,
     )
+    effects = effects or default_effects()
     try:
         with _cancel_on_signals(cancel, received):
-            results = run_batch(
-                plan,
-                effects or default_effects(),
-                recorder,
-                masker,
-                cancel,
-                _progress(len(plan.runs)),
-            )
+            try:
+                results = run_batch(
+                    plan, effects, recorder, masker, cancel, _progress(len(plan.runs))
+                )
+            finally:
+                # Still under the signal handlers: a second SIGTERM cannot stop the clean-up.
+                effects.shutdown()
     finally:
         recorder.close()
     verdicts = task_verdicts(results, plan.min_pass_rate)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
-from mm_batch.run.executor import Executor
+from mm_batch.run.executor import Executor, SandboxError
 from mm_batch.run.model_client import ModelClient
 from mm_batch.run.records import Recorder, RunRecorder
-from mm_batch.run.task_run import RunResult, TaskRun, interrupted_result
+from mm_batch.run.task_run import INTERRUPTED, RunResult, TaskRun, error_result
 
 # After a cancel, how long running task runs get to stop before they are reported as errors.
 CANCEL_GRACE_S = 3.0
@@ -24,7 +24,8 @@ class Effects:
     """How a batch reaches the outside world: one client per model, one executor per run."""
 
     client_for: Callable[[RunSpec], ModelClient]
-    executor_for: Callable[[RunSpec], Executor]
+    executor_for: Callable[[RunSpec], Executor]  # may raise SandboxError
+    shutdown: Callable[[], None] = lambda: None  # on the way out, whatever happened
 
 
 class _Slot:
@@ -108,13 +109,16 @@ def run_batch(
                 finished.wait(timeout=min(left, 0.1))
             for slot in slots:
                 if slot.result is None:
-                    _close_interrupted(slot)
+                    slot.result = _close_with_error(slot, INTERRUPTED)
     return [s.result for s in slots if s.result is not None]
 
 
 def _run_one(slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event) -> RunResult:
     slot.started = time.monotonic()
-    executor = effects.executor_for(slot.spec)
+    try:
+        executor = effects.executor_for(slot.spec)
+    except SandboxError as exc:
+        return _close_with_error(slot, f"the sandbox is not available: {exc}")
     try:
         client = effects.client_for(slot.spec)
         return TaskRun(slot.spec, client, executor, slot.recorder, masker, cancel).run()
@@ -122,18 +126,19 @@ def _run_one(slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Ev
         executor.close()
 
 
-def _close_interrupted(slot: _Slot) -> None:
-    """Record an unfinished run as an error, and drop whatever its worker still writes."""
+def _close_with_error(slot: _Slot, reason: str) -> RunResult:
+    """Record a run that cannot be judged, and drop whatever its worker still writes."""
     duration = time.monotonic() - slot.started if slot.started is not None else 0.0
-    slot.result = interrupted_result(slot.spec, duration)
+    result = error_result(slot.spec, reason, duration)
     slot.recorder.emit(
         "task",
         {
             "status": "error",
             "checks": [],
             "duration_s": round(duration, 6),
-            "reason": slot.result.reason,
+            "reason": reason,
             "answer": None,
         },
     )
     slot.recorder.close()
+    return result

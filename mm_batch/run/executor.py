@@ -42,6 +42,11 @@ class ExecResult:
     timed_out: bool = False
     interrupted: bool = False
     error: str | None = None  # the command could not start, or the sandbox failed
+    sandbox_failed: bool = False  # the run cannot go on: its task run ends as an error
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be used: engine down, image missing, container gone."""
 
 
 class Executor(Protocol):
@@ -62,7 +67,9 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-class _Sink:
+class Sink:
+    """Keeps the first `limit` bytes of a stream and counts all of them."""
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.chunks: list[bytes] = []
@@ -152,7 +159,7 @@ class HostExecutor:
         cancel: threading.Event | None,
     ) -> ExecResult:
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = _Sink(self.log_limit), _Sink(self.log_limit)
+        out, err = Sink(self.log_limit), Sink(self.log_limit)
         sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         selector = selectors.DefaultSelector()
         for fd in sinks:

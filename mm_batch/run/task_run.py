@@ -41,20 +41,27 @@ class RunResult:
     calls: tuple[str, ...]
 
 
-def interrupted_result(spec: RunSpec, duration_s: float) -> RunResult:
-    """The result of a run that the batch stopped waiting for."""
+INTERRUPTED = "interrupted before the run finished"
+
+
+def error_result(spec: RunSpec, reason: str, duration_s: float) -> RunResult:
+    """The result of a run that could not be judged (its sandbox failed, it was interrupted)."""
     return RunResult(
         spec.run_id,
         spec.task.id,
         spec.model,
         spec.repeat,
         "error",
-        "interrupted before the run finished",
+        reason,
         (),
         duration_s,
         None,
         (),
     )
+
+
+class _SandboxFailedError(Exception):
+    """The sandbox broke during a call: the run cannot be judged."""
 
 
 def canonical_arguments(raw: str | None) -> str:
@@ -102,14 +109,19 @@ class TaskRun:
         error: str | None = None  # why the run cannot be judged
         try:
             answer, ended, error = self._loop(deadline)
+        except _SandboxFailedError as exc:
+            error = str(exc)
         except Exception as exc:
             error = f"internal error: {type(exc).__name__}: {exc}"
             traceback.print_exc()
         check_exit = None
         if error is None and task.expect is not None and task.expect.check is not None:
-            check_exit = self._run_check(task.expect.check)
+            try:
+                check_exit = self._run_check(task.expect.check)
+            except _SandboxFailedError as exc:
+                error = str(exc)
             if self.cancel.is_set():
-                error = "interrupted before the run finished"
+                error = INTERRUPTED
         checks = judge(task.expect, self.tool_records, answer, check_exit)
         status: Status
         if error is not None:
@@ -158,7 +170,7 @@ class TaskRun:
         in_a_row = 0
         for _turn in range(task.max_turns):
             if self.cancel.is_set():
-                return None, None, "interrupted before the run finished"
+                return None, None, INTERRUPTED
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None, f"task timeout ({task.timeout:g} s) reached", None
@@ -196,7 +208,7 @@ class TaskRun:
                 content, hit_deadline = self._handle(call, deadline)
                 messages.append(self._result_message(call, self.masker.text(content)))
                 if self.cancel.is_set():
-                    return None, None, "interrupted before the run finished"
+                    return None, None, INTERRUPTED
                 if hit_deadline:
                     return None, f"task timeout ({task.timeout:g} s) reached", None
         return None, f"max_turns ({task.max_turns}) reached without a final answer", None
@@ -277,6 +289,8 @@ class TaskRun:
         elif result.interrupted:
             outcome, reason = "error", "interrupted"
         self._record_tool(call, outcome, prepared, reason=reason, rule=decision.rule, result=result)
+        if result.sandbox_failed:
+            raise _SandboxFailedError(f"the sandbox failed: {result.error}")
         hit_deadline = result.timed_out and time.monotonic() >= deadline - 0.01
         return model_result(prepared.argv, result, timeout), hit_deadline
 
@@ -336,6 +350,8 @@ class TaskRun:
     def _run_check(self, argv: tuple[str, ...]) -> tuple[int | None, str]:
         agent = self.spec.task.agent
         result = self.executor.execute(argv, agent.directory, {}, CHECK_TIMEOUT_S, self.cancel)
+        if result.sandbox_failed:
+            raise _SandboxFailedError(f"the sandbox failed during check: {result.error}")
         if result.error is not None:
             return None, result.error
         output = (decode(result.stdout.data) + decode(result.stderr.data)).strip()

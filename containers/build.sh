@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build mm-batch's sandbox images locally, with no container registry:
+# a root filesystem made here goes in through `docker import`, then `docker build` adds the rest.
+#
+#   containers/build.sh tiny   # mm-batch/sandbox:tiny  busybox only, ~1 MB, seconds (the tests)
+#   containers/build.sh base   # mm-batch/sandbox:base  bash, coreutils, python3 (debootstrap, minutes)
+#
+# Needs a running Docker engine; `tiny` needs busybox-static, `base` needs debootstrap (both
+# Debian packages). Run as root (debootstrap and the rootfs ownership need it).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+busybox_rootfs() {
+    local busybox
+    busybox="$(command -v busybox)" || { echo "build.sh: busybox not found (apt-get install busybox-static)" >&2; exit 1; }
+    if ldd "$busybox" >/dev/null 2>&1; then  # ldd fails on a static binary
+        echo "build.sh: $busybox is not static (apt-get install busybox-static)" >&2
+        exit 1
+    fi
+    local root="$work/rootfs"
+    mkdir -p "$root"/{bin,etc,tmp,workspace,proc,sys,dev}
+    cp "$busybox" "$root/bin/busybox"
+    for applet in $("$root/bin/busybox" --list); do
+        [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
+    done
+    printf 'root:x:0:0:root:/tmp:/bin/sh\nsandbox:x:1000:1000:sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n' >"$root/etc/passwd"
+    printf 'root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n' >"$root/etc/group"
+    chmod 1777 "$root/tmp"
+    tar -C "$root" -c . | docker import - mm-batch/rootfs:busybox >/dev/null
+}
+
+debian_rootfs() {
+    command -v debootstrap >/dev/null || { echo "build.sh: debootstrap not found (apt-get install debootstrap)" >&2; exit 1; }
+    # Use the Debian mirror this machine's apt already uses: nothing else is reachable here.
+    local mirror suite
+    suite="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
+    mirror="$(apt-cache policy | awk -v want="$suite/main" '$3 == want { print $2; exit }')"
+    [ -n "$mirror" ] || { echo "build.sh: no Debian mirror found in /etc/apt" >&2; exit 1; }
+    local root="$work/rootfs"
+    debootstrap --variant=minbase --include=bash,coreutils,python3,procps "$suite" "$root" "$mirror" >"$work/debootstrap.log" 2>&1 \
+        || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -c . | docker import - mm-batch/rootfs:debian >/dev/null
+}
+
+build() {
+    local name="$1"
+    docker build --quiet -t "mm-batch/sandbox:$name" "$here/$name" >"$work/build.log" 2>&1 \
+        || { cat "$work/build.log" >&2; exit 1; }
+    echo "built mm-batch/sandbox:$name"
+}
+
+case "${1:-}" in
+    tiny) busybox_rootfs; build tiny ;;
+    base) debian_rootfs; build base ;;
+    *) echo "usage: containers/build.sh tiny|base" >&2; exit 2 ;;
+esac

@@ -1,0 +1,143 @@
+"""One conformance suite for every executor, as inspect_ai's sandbox self-check does.
+
+Each test runs against the host executor and against the Docker sandbox (busybox image): a task
+file that moves its commands into a container must see the same behaviour.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from mm_batch.config.model import SandboxSpec
+from mm_batch.run.executor import LOG_LIMIT, ExecResult, Executor, HostExecutor
+from tests.docker_support import TEST_IMAGE
+
+
+@pytest.fixture(params=["host", pytest.param("docker", marks=pytest.mark.docker)])
+def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Executor, Path]]:
+    """(executor, agent directory): the directory is what a container sees as /workspace."""
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    agent_dir.chmod(0o777)  # the sandbox's uid 1000 writes there, like a user's own checkout
+    if request.param == "host":
+        yield HostExecutor(), agent_dir
+        return
+    from mm_batch.run.docker_sandbox import DockerSandbox
+
+    client = request.getfixturevalue("docker_client")
+    spec = SandboxSpec(kind="docker", image=TEST_IMAGE, pids=64, memory="128m")
+    executor = DockerSandbox(client, spec, agent_dir, f"conformance-{request.node.name}")
+    yield executor, agent_dir
+    executor.close()
+
+
+Run = Callable[..., ExecResult]
+
+
+@pytest.fixture
+def run(sandbox: tuple[Executor, Path]) -> Run:
+    executor, agent_dir = sandbox
+
+    def call(
+        argv: list[str], timeout: float = 30, env: dict[str, str] | None = None, sub: str = ""
+    ) -> ExecResult:
+        return executor.execute(argv, agent_dir / sub, env or {}, timeout)
+
+    return call
+
+
+def test_argv_is_passed_exactly(run: Run) -> None:
+    values = ["a b", "*", "$HOME", "", "'\"", "--flag", "é漢", "x\ny"]
+    result = run(["sh", "-c", 'printf "%s\\0" "$@"', "sh", *values])
+    assert result.exit_code == 0, result.error
+    assert result.stdout.data.split(b"\0")[:-1] == [v.encode() for v in values]
+
+
+def test_exit_codes(run: Run) -> None:
+    assert run(["sh", "-c", "exit 0"]).exit_code == 0
+    assert run(["sh", "-c", "exit 3"]).exit_code == 3
+    assert run(["sh", "-c", "exit 255"]).exit_code == 255
+
+
+def test_stdout_and_stderr_are_apart(run: Run) -> None:
+    result = run(["sh", "-c", "echo out; echo err >&2; echo more"])
+    assert result.stdout.data == b"out\nmore\n"
+    assert result.stderr.data == b"err\n"
+
+
+def test_workdir(run: Run, sandbox: tuple[Executor, Path]) -> None:
+    executor, agent_dir = sandbox
+    (agent_dir / "sub").mkdir()
+    (agent_dir / "sub" / "marker").write_text("here")
+    result = run(["sh", "-c", "pwd; cat marker"], sub="sub")
+    where, marker = result.stdout.data.decode().splitlines()
+    assert marker == "here"
+    expected = str(agent_dir / "sub") if executor.where == "host" else "/workspace/sub"
+    assert where == expected
+
+
+def test_environment(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MM_BATCH_LEAK_CHECK", "leaked")
+    result = run(["env"], env={"TOOL_VAR": "tool value"})
+    env = dict(
+        line.split("=", 1) for line in result.stdout.data.decode().splitlines() if "=" in line
+    )
+    assert env["TOOL_VAR"] == "tool value"
+    assert "MM_BATCH_LEAK_CHECK" not in env
+    assert "PATH" in env and "HOME" in env
+
+
+def test_timeout_kills_the_tree_and_the_sandbox_stays_usable(run: Run) -> None:
+    started = time.monotonic()
+    result = run(["sh", "-c", "sleep 300 & sleep 300 & wait"], timeout=1)
+    assert result.timed_out and result.exit_code is None
+    assert time.monotonic() - started < 8
+    after = run(["sh", "-c", "ps -o pid,args 2>/dev/null || ps; echo usable"])
+    assert after.exit_code == 0 and after.stdout.data.endswith(b"usable\n")
+    assert b"sleep 300" not in after.stdout.data
+
+
+def test_output_flood_is_bounded(run: Run) -> None:
+    result = run(["sh", "-c", "yes | head -c 5000000; echo done >&2"])
+    assert result.exit_code == 0
+    assert result.stdout.total == 5_000_000
+    assert len(result.stdout.data) == LOG_LIMIT
+    assert result.stderr.data == b"done\n"
+
+
+def test_missing_program(run: Run, sandbox: tuple[Executor, Path]) -> None:
+    result = run(["./no-such-program"])
+    assert result.exit_code is None
+    assert result.error is not None and result.error.startswith(
+        "program not found: ./no-such-program"
+    )
+    assert not result.sandbox_failed
+    assert run(["sh", "-c", "echo still fine"]).exit_code == 0
+
+
+def test_where(sandbox: tuple[Executor, Path]) -> None:
+    executor, _ = sandbox
+    assert executor.where in ("host", f"docker:{TEST_IMAGE}")
+
+
+@pytest.mark.docker
+def test_workdir_outside_the_agent_directory_is_an_error_of_the_call(
+    docker_client: object, tmp_path: Path
+) -> None:
+    from mm_batch.run.docker_sandbox import DockerSandbox
+
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir()
+    box = DockerSandbox(
+        docker_client, SandboxSpec(kind="docker", image=TEST_IMAGE), agent_dir, "outside"
+    )
+    try:
+        result = box.execute(["true"], tmp_path, {}, 10)
+        assert not result.sandbox_failed
+        assert (result.error or "").startswith(f"working directory {tmp_path} is outside")
+    finally:
+        box.close()
