@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +68,34 @@ def release_example(tmp_path: Path) -> Path:
     target = tmp_path / "release"
     shutil.copytree(EXAMPLE, target, ignore=shutil.ignore_patterns("calls-received.log"))
     return target
+
+
+def run_until_marker(
+    tasks: Path, server: FakeOpenAI, out: Path, marker: Path
+) -> subprocess.Popen[bytes]:
+    """Start `mm-batch run` as its own process; return once a tool has created the marker."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mm_batch",
+            "run",
+            str(tasks),
+            *model_args(server),
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=tasks.parent,
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the tool never started"
+        time.sleep(0.05)
+    return proc
 
 
 def write(directory: Path, name: str, text: str) -> Path:

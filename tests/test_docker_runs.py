@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ import xmlschema
 
 from mm_batch.run.docker_sandbox import LABEL, LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_RUN
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, write
+from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, run_until_marker, write
 from tests.docker_support import BASE_IMAGE, TEST_IMAGE, containers_of, require_image
 from tests.test_end_to_end import GOOD, received
 
@@ -187,26 +185,7 @@ def test_sigterm_mid_call_leaves_no_container(
     )
     fake = fake_model(by_prompt({"go": [tool_call("slow", {}), text("never")]}))
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mm_batch",
-            "run",
-            str(tmp_path / "tasks.yaml"),
-            *model_args(fake),
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-    )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "started").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    proc = run_until_marker(tmp_path / "tasks.yaml", fake, out, tmp_path / "started")
     assert len(containers_of(docker_client, "sig-")) == 2
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

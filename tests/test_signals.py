@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +14,7 @@ import xmlschema
 from junitparser import Error, JUnitXml
 
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import JUNIT_XSD, model_args, write
+from tests.conftest import JUNIT_XSD, run_until_marker, write
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -60,28 +58,7 @@ def test_signal_mid_call_keeps_everything(
         )
     )
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mm_batch",
-            "run",
-            str(tmp_path / "tasks.yaml"),
-            *model_args(fake),
-            "--out",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=tmp_path,
-    )
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "started").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    proc = run_until_marker(tmp_path / "tasks.yaml", fake, out, tmp_path / "started")
     time.sleep(0.3)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
