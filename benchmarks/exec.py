@@ -54,8 +54,11 @@ def main() -> int:
 
         def cli() -> None:
             assert docker_cli is not None
-            subprocess.run([docker_cli, "exec", "-u", spec.user, container.id, "true"], check=True,
-                           capture_output=True)
+            subprocess.run(
+                [docker_cli, "exec", "-u", spec.user, container.id, "true"],
+                check=True,
+                capture_output=True,
+            )
 
         kinds: dict[str, list[float]] = {"executor": [], "sdk": [], "cli": []}
         for _ in range(options.calls):  # interleaved, so that noise falls on all alike
@@ -74,18 +77,24 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     med = {k: statistics.median(v) for k, v in kinds.items() if v}
-    print(f"call through the Docker executor   {med['executor'] * 1000:8.1f} ms  "
-          f"(median of {options.calls})")
+    print(
+        f"call through the Docker executor   {med['executor'] * 1000:8.1f} ms  "
+        f"(median of {options.calls})"
+    )
     print(f"raw SDK exec_run                    {med['sdk'] * 1000:8.1f} ms")
     if "cli" in med:
         print(f"docker exec (CLI)                   {med['cli'] * 1000:8.1f} ms")
     ratio = med["executor"] / med["sdk"]
-    print(f"executor / SDK                      {ratio:8.2f}    goal <= 1.20  "
-          f"{'ok' if ratio <= 1.2 else 'MISSED'}")
+    print(
+        f"executor / SDK                      {ratio:8.2f}    goal <= 1.20  "
+        f"{'ok' if ratio <= 1.2 else 'MISSED'}"
+    )
     if "cli" in med:
         print(f"executor / CLI                      {med['executor'] / med['cli']:8.2f}")
-    print(f"start a hardened container          {statistics.median(starts) * 1000:8.1f} ms  "
-          f"(median of {options.starts})")
+    print(
+        f"start a hardened container          {statistics.median(starts) * 1000:8.1f} ms  "
+        f"(median of {options.starts})"
+    )
     print(f"remove it                           {statistics.median(removals) * 1000:8.1f} ms")
     return 0
 
