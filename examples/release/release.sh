@@ -5,5 +5,5 @@ log="$(dirname "$0")/calls-received.log"
 line=release
 for arg in "$@"; do line="$line [$arg]"; done
 # One write per call: parallel runs append whole lines, never interleaved pieces.
-printf '%s\n' "$line" >>"$log" 2>/dev/null || echo "note: cannot write $log" >&2
+printf '%s\n' "$line" 2>/dev/null >>"$log" || echo "note: cannot write $log" >&2
 echo "Released version $1 (${2#--channel=} channel)."
