@@ -141,10 +141,19 @@ def tools(agent_file: Path) -> None:
     sys.exit(inspect.tools(agent_file))
 
 
+@cli.command()
+def models() -> None:
+    """List the local models: installed or not, size, where they are cached."""
+    from mm_batch.commands import models as command
+
+    sys.exit(command.models())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each known error becomes a clear message and an exit code, no traceback."""
     from mm_batch.config.problems import ConfigError
     from mm_batch.plan import PlanError
+    from mm_batch.run.local_models import LocalModelError
 
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
@@ -153,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             click.echo(str(problem), err=True)
         click.echo(f"mm-batch: {len(exc.problems)} configuration error(s); nothing ran", err=True)
         return EXIT_USAGE
-    except PlanError as exc:
-        click.echo(f"mm-batch: {exc}", err=True)
+    except (PlanError, LocalModelError) as exc:
+        click.echo(f"mm-batch: {exc}; nothing ran", err=True)
         return EXIT_USAGE
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)

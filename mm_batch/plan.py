@@ -7,7 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import DEFAULT_MODEL, SandboxKind, SandboxSpec, TasksFile, TaskSpec
+
+# Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
+LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}
 
 
 class PlanError(Exception):
@@ -93,8 +97,14 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
         options = {**agent.model_options, **overrides.model_options}
         yolo = agent.yolo if overrides.yolo is None else overrides.yolo
         for model in models:
+            model_options = options
+            if model.startswith(LOCAL_PREFIX):
+                if local_model(model) is None:
+                    known = ", ".join(LOCAL_PREFIX + name for name in CATALOG)
+                    raise PlanError(f"unknown local model '{model}' (known: {known})")
+                model_options = {**LOCAL_MODEL_DEFAULTS, **options}
             for n in range(1, repeat + 1):
-                runs.append(RunSpec(task, model, n, options, yolo, sandbox))
+                runs.append(RunSpec(task, model, n, model_options, yolo, sandbox))
     if overrides.shard is not None:
         k, n = overrides.shard
         runs = [r for i, r in enumerate(runs) if i % n == k - 1]

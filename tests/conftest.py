@@ -135,15 +135,16 @@ from tests.docker_support import docker_client  # noqa: E402, F401  (a shared fi
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Say how many Docker tests really ran: in CI they must run, never skip."""
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    for outcome in counts:
-        for report in terminalreporter.stats.get(outcome, []):
-            # A pass counts at its call; a failure or a skip may happen in the setup already.
-            phases = ("call",) if outcome == "passed" else ("setup", "call")
-            if "docker" in getattr(report, "keywords", {}) and report.when in phases:
-                counts[outcome] += 1
-    terminalreporter.write_line(
-        f"docker tests: {counts['passed']} passed, {counts['failed']} failed, "
-        f"{counts['skipped']} skipped"
-    )
+    """Say how many Docker and live-model tests really ran: in CI they must run, never skip."""
+    for marker in ("docker", "live"):
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        for outcome in counts:
+            for report in terminalreporter.stats.get(outcome, []):
+                # A pass counts at its call; a failure or a skip may happen in the setup already.
+                phases = ("call",) if outcome == "passed" else ("setup", "call")
+                if marker in getattr(report, "keywords", {}) and report.when in phases:
+                    counts[outcome] += 1
+        terminalreporter.write_line(
+            f"{marker} tests: {counts['passed']} passed, {counts['failed']} failed, "
+            f"{counts['skipped']} skipped"
+        )

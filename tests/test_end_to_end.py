@@ -257,7 +257,9 @@ def test_loop_detector_stops_the_third_identical_call(
     assert [r["outcome"] for r in tool_records(out)] == ["ran", "ran", "loop"]
     assert len(received(release_example)) == 2
     task = read_calls(out)[-1]
-    assert task["status"] == "failed" and task["reason"].startswith("loop detector")
+    assert task["status"] == "failed" and task["reason"] == (
+        "loop detector: status asked for 3 times in a row with the same arguments"
+    )
 
 
 def test_max_turns_fails_the_run(cli: Cli, fake_model: Fake, tmp_path: Path) -> None:
@@ -544,6 +546,6 @@ def test_tool_calls_written_as_text_are_rescued_when_asked(
     history = fake.requests[1]["messages"]
     assert history[-2] == {"role": "assistant", "content": written}  # kept as it was
     assert history[-1]["role"] == "user"
-    assert history[-1]["content"].startswith("The status call ran. Its result:\n$ ./status.sh")
+    assert history[-1]["content"].startswith("The status call was answered:\n$ ./status.sh")
     # recover_text_tool_calls is mm-batch's own option: never passed on to the model.
     assert "recover_text_tool_calls" not in fake.requests[0]

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
-from mm_batch.plan import RunSpec
+import click
+
+from mm_batch.config.local_catalog import local_model
+from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
 from mm_batch.run.executor import Executor, HostExecutor, SandboxError
-from mm_batch.run.model_client import LiteLLMClient, ModelClient, load_litellm
+from mm_batch.run.local_models import LocalModelError, ensure_gguf
+from mm_batch.run.local_server import LlamaServer, ServerError
+from mm_batch.run.model_client import LiteLLMClient, ModelClient, ModelError, load_litellm
 
 
 class _DockerSandboxes:
@@ -71,13 +77,92 @@ class _Tracked:
         self._owner.forget(self._sandbox)
 
 
-def default_effects() -> Effects:
-    """litellm clients (one per model and options); the host executor or a Docker sandbox."""
+class _LocalServers:
+    """One llama-server per local model of the plan, started before the runs, stopped after."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.servers: dict[str, LlamaServer] = {}
+        self.failures: dict[str, str] = {}
+        for name, slots in _local_slots(plan).items():
+            model = local_model(name)
+            assert model is not None  # the plan refused unknown local models
+            LlamaServer.check_installed(model)  # a missing extra stops here: nothing ran
+            ensure_gguf(model)  # so does a missing or corrupt model
+            self.servers[name] = LlamaServer(model, slots)
+
+    def start_all(self) -> None:
+        for name, server in self.servers.items():
+            click.echo(
+                f"mm-batch: starting llama-server for {name} ({server.slots} slot(s))", err=True
+            )
+            started = time.monotonic()
+            try:
+                server.start()
+            except (ServerError, LocalModelError) as exc:
+                self.failures[name] = str(exc)
+                click.echo(f"mm-batch: {exc}", err=True)
+                continue
+            click.echo(f"mm-batch: {name} ready in {time.monotonic() - started:.1f} s", err=True)
+
+    def client(self, spec: RunSpec) -> ModelClient:
+        if spec.model in self.failures:
+            raise ModelError(self.failures[spec.model])
+        server = self.servers[spec.model]
+        options = {**spec.model_options, "api_base": server.url}
+        return _LocalClient(LiteLLMClient(f"hosted_vllm/{server.model.name}", options), server)
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+class _LocalClient:
+    """A litellm client of a local server: when the server died, say so instead of retrying."""
+
+    def __init__(self, client: LiteLLMClient, server: LlamaServer) -> None:
+        self._client = client
+        self._server = server
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
+    ) -> Any:
+        died = self._server.died()
+        if died is not None:
+            raise ModelError(died)
+        try:
+            return self._client.complete(messages, tools, timeout)
+        except ModelError as exc:
+            died = self._server.died()
+            if died is None:
+                raise
+            raise ModelError(died) from exc
+
+
+def _local_slots(plan: Plan) -> dict[str, int]:
+    """Slots per local model: as many as its runs can be in flight at once."""
+    counts: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    for run in plan.runs:
+        if local_model(run.model) is None:
+            continue
+        counts[run.model] = counts.get(run.model, 0) + 1
+        limit = run.model_options.get("max_parallel")
+        if isinstance(limit, int):
+            limits[run.model] = min(limits.get(run.model, limit), limit)
+    return {m: max(1, min(n, plan.jobs, limits.get(m, n))) for m, n in counts.items()}
+
+
+def default_effects(plan: Plan) -> Effects:
+    """litellm clients (one per model and options, local models through their own server);
+    the host executor or a Docker sandbox."""
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
     sandboxes = _DockerSandboxes()
+    local = _LocalServers(plan)
 
     def client_for(spec: RunSpec) -> ModelClient:
+        if spec.model in local.servers:
+            return local.client(spec)
         key = f"{spec.model}\0{sorted(spec.model_options.items())!r}"
         with lock:
             if key not in clients:
@@ -89,6 +174,12 @@ def default_effects() -> Effects:
             return sandboxes.open(spec)  # raises SandboxError: the run ends as an error
         return HostExecutor()
 
-    # Import litellm (seconds) before the first run starts, so that no run's time includes it.
+    def shutdown() -> None:
+        sandboxes.close_all()
+        local.stop_all()
+
+    # Import litellm (seconds) and start local servers before the first run, so that no run's
+    # time includes them.
     load_litellm()
-    return Effects(client_for, executor_for, sandboxes.close_all)
+    local.start_all()
+    return Effects(client_for, executor_for, shutdown)

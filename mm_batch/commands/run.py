@@ -72,7 +72,6 @@ def _check_supported(plan: Plan) -> None:
         missing = [
             name
             for name, used in (
-                (f"local models ('{run.model}')", run.model.startswith("local/")),
                 ("the read_skill built-in", "read_skill" in agent.builtins),
                 ("MCP servers", bool(agent.mcp)),
                 ("hooks", agent.hooks.pre_tool_call or agent.hooks.post_tool_call),
@@ -129,8 +128,6 @@ def run(
     plan = make_plan(tasks_file, overrides)
     _check_supported(plan)
     masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
-    clear_outputs(out_dir)
-    recorder = JsonlRecorder(out_dir / CALLS, masker)
     cancel = threading.Event()
     received: list[int] = []
     facts = provenance(plan)
@@ -139,18 +136,21 @@ def run(
         f"{plan.jobs} in parallel",
         err=True,
     )
-    effects = effects or default_effects()
-    try:
-        with _cancel_on_signals(cancel, received):
+    with _cancel_on_signals(cancel, received):
+        # A missing local extra or model stops here, before any result is replaced.
+        effects = effects or default_effects(plan)
+        try:
+            clear_outputs(out_dir)
+            recorder = JsonlRecorder(out_dir / CALLS, masker)
             try:
                 results = run_batch(
                     plan, effects, recorder, masker, cancel, _progress(len(plan.runs))
                 )
             finally:
-                # Still under the signal handlers: a second SIGTERM cannot stop the clean-up.
-                effects.shutdown()
-    finally:
-        recorder.close()
+                recorder.close()
+        finally:
+            # Still under the signal handlers: a second SIGTERM cannot stop the clean-up.
+            effects.shutdown()
     verdicts = task_verdicts(results, plan.min_pass_rate)
     code = EXIT_INTERRUPTED if received else exit_code(verdicts)
     write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.executor import Executor, SandboxError
-from mm_batch.run.model_client import ModelClient
+from mm_batch.run.model_client import ModelClient, ModelError
 from mm_batch.run.records import Recorder, RunRecorder
 from mm_batch.run.task_run import INTERRUPTED, RunResult, TaskRun, error_result
 
@@ -23,7 +23,7 @@ CANCEL_GRACE_S = 3.0
 class Effects:
     """How a batch reaches the outside world: one client per model, one executor per run."""
 
-    client_for: Callable[[RunSpec], ModelClient]
+    client_for: Callable[[RunSpec], ModelClient]  # may raise ModelError
     executor_for: Callable[[RunSpec], Executor]  # may raise SandboxError
     shutdown: Callable[[], None] = lambda: None  # on the way out, whatever happened
 
@@ -116,11 +116,14 @@ def run_batch(
 def _run_one(slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event) -> RunResult:
     slot.started = time.monotonic()
     try:
+        client = effects.client_for(slot.spec)
+    except ModelError as exc:
+        return _close_with_error(slot, str(exc))
+    try:
         executor = effects.executor_for(slot.spec)
     except SandboxError as exc:
         return _close_with_error(slot, f"the sandbox is not available: {exc}")
     try:
-        client = effects.client_for(slot.spec)
         return TaskRun(slot.spec, client, executor, slot.recorder, masker, cancel).run()
     finally:
         executor.close()

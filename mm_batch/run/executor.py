@@ -235,3 +235,38 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux for SIGKILL if mm-batch dies, so a model server is never left."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def start_service(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a long-running helper (a model server): own session, output to a log file."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 (called from the main thread, before runs)
+        )
+
+
+def stop_service(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM the service's group, then SIGKILL when it does not stop within the grace."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -10,6 +10,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from mm_batch.config.local_catalog import LOCAL_PREFIX
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.executor import ExecResult, Executor
@@ -189,22 +190,12 @@ class TaskRun:
                 in_a_row = in_a_row + 1 if key == last_key else 1
                 last_key = key
                 if in_a_row >= agent.loop_limit:
-                    self._record_tool(
-                        call,
-                        "loop",
-                        reason=(
-                            f"loop detector: {call.name} asked for {in_a_row} times in a row with "
-                            "the same arguments"
-                        ),
+                    reason = (
+                        f"loop detector: {call.name} asked for {in_a_row} times in a row with "
+                        "the same arguments"
                     )
-                    return (
-                        None,
-                        (
-                            f"loop detector: {call.name} called {in_a_row} times in a row "
-                            "with the same arguments"
-                        ),
-                        None,
-                    )
+                    self._record_tool(call, "loop", reason=reason)
+                    return None, reason, None
                 content, hit_deadline = self._handle(call, deadline)
                 messages.append(self._result_message(call, self.masker.text(content)))
                 if self.cancel.is_set():
@@ -215,7 +206,7 @@ class TaskRun:
 
     def _recover_text_calls(self) -> bool:
         """On by default for local models, `model_options.recover_text_tool_calls` for others."""
-        default = self.spec.model.startswith("local/")
+        default = self.spec.model.startswith(LOCAL_PREFIX)
         return bool(self.spec.model_options.get("recover_text_tool_calls", default))
 
     def _with_text_calls(self, reply: ModelReply) -> ModelReply:
@@ -233,7 +224,7 @@ class TaskRun:
             # and the result comes back as the next user message.
             return {
                 "role": "user",
-                "content": f"The {call.name} call ran. Its result:\n{content}\n\n"
+                "content": f"The {call.name} call was answered:\n{content}\n\n"
                 "If that settles the request, answer in plain text, without calling a tool.",
             }
         return {"role": "tool", "tool_call_id": call.id, "content": content}

