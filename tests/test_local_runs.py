@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xmlschema
@@ -72,6 +73,32 @@ def _require_live() -> None:
         pytest.skip(reason)
 
 
+def _run_live(
+    tasks: Path, out: Path
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """mm-batch run on the live model as its own process; its records."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mm_batch",
+            "run",
+            str(tasks),
+            "--model",
+            LIVE_MODEL,
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    log = out / "calls.jsonl"
+    assert log.exists(), proc.stderr
+    return proc, [json.loads(line) for line in log.read_text().splitlines()]
+
+
 def _servers() -> list[str]:
     found = subprocess.run(["pgrep", "-f", "llama-server -m"], capture_output=True, check=False)
     return found.stdout.decode().split()
@@ -84,27 +111,10 @@ def test_release_example_on_the_real_small_model(tmp_path: Path) -> None:
     subprocess.run(["cp", "-r", str(EXAMPLE), str(example)], check=True)
     out = tmp_path / "out"
     before = _servers()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mm_batch",
-            "run",
-            str(example / "tasks.yaml"),
-            "--model",
-            LIVE_MODEL,
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    proc, records = _run_live(example / "tasks.yaml", out)
     assert proc.returncode in (0, 1), proc.stderr
     assert "local/qwen2.5-coder-0.5b ready in" in proc.stderr
     assert _servers() == before  # the server stopped with the run
-    records = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
     tasks = [r for r in records if r["kind"] == "task"]
     assert len(tasks) == 6 and {t["status"] for t in tasks} <= {"passed", "failed"}
     rescued = [r for r in records if r["kind"] == "tool" and r["recovered_from_text"]]
@@ -128,7 +138,8 @@ def test_a_server_that_dies_is_one_clear_error(tmp_path: Path) -> None:
         tools:
           - name: crash
             description: Stop the model server. Call it first, always.
-            command: ["pkill", "-KILL", "-f", "llama-server -m"]
+            # Only this run's server: a child of the same mm-batch process as the tool's shell.
+            command: ["/bin/sh", "-c", "pkill -KILL -P $PPID -f llama-server"]
     """,
     )
     write(
@@ -140,24 +151,7 @@ def test_a_server_that_dies_is_one_clear_error(tmp_path: Path) -> None:
     """,
     )
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mm_batch",
-            "run",
-            str(tmp_path / "tasks.yaml"),
-            "--model",
-            LIVE_MODEL,
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    records = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+    proc, records = _run_live(tmp_path / "tasks.yaml", out)
     ran = [r for r in records if r["kind"] == "tool" and r["outcome"] == "ran"]
     if not ran:
         pytest.skip("the model did not call the crash tool this time")
