@@ -506,21 +506,21 @@ def test_output_is_cut_for_the_model_and_bounded_in_the_log(
     assert seen.endswith(f"[... {100000 - 16384} more bytes of stdout cut; 100000 in all ...]")
 
 
-def test_features_not_in_this_version_are_refused_not_ignored(cli: Cli, tmp_path: Path) -> None:
-    write(
-        tmp_path,
-        "agent.yaml",
-        """
-        hooks: {preToolCall: ["./deny.sh"]}
-        tools: [{name: t, description: d, command: ["true"]}]
-    """,
-    )
+def test_mcp_without_its_extra_is_refused_not_ignored(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The extra cannot be uninstalled from under the test run: its absence is simulated here.
+    monkeypatch.setattr("mm_batch.commands.run.mcp_installed", lambda: False)
+    write(tmp_path, "agent.yaml", "mcp: [{name: proj, url: 'http://127.0.0.1:9/mcp'}]\n")
     write(tmp_path, "tasks.yaml", "agent: agent.yaml\ntasks: [{id: a, prompt: p}]\n")
     result = cli(
         "run", tmp_path / "tasks.yaml", "--model", "hosted_vllm/x", "--out", tmp_path / "out"
     )
     assert result.code == 2
-    assert "a[hosted_vllm/x]#1: hooks not available in mm-batch" in result.err
+    assert result.err == (
+        "mm-batch: the agent uses MCP servers, which need the mcp extra: "
+        "pip install 'mm-batch[mcp]'; nothing ran\n"
+    )
     assert not (tmp_path / "out").exists()
 
 

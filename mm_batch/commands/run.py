@@ -40,6 +40,8 @@ from mm_batch.report.summary import (
     terminal_table,
 )
 from mm_batch.run.batch import Effects, run_batch
+from mm_batch.run.mcp_client import MCP_EXTRA_HINT
+from mm_batch.run.mcp_client import installed as mcp_installed
 from mm_batch.run.model_client import litellm_version
 from mm_batch.run.task_run import RunResult
 
@@ -66,22 +68,9 @@ def _cancel_on_signals(cancel: threading.Event, received: list[int]) -> Iterator
 
 
 def _check_supported(plan: Plan) -> None:
-    """Refuse what this version cannot honour, rather than run without it (a hook may refuse)."""
-    for run in plan.runs:
-        agent = run.task.agent
-        missing = [
-            name
-            for name, used in (
-                ("the read_skill built-in", "read_skill" in agent.builtins),
-                ("MCP servers", bool(agent.mcp)),
-                ("hooks", agent.hooks.pre_tool_call or agent.hooks.post_tool_call),
-            )
-            if used
-        ]
-        if missing:
-            raise PlanError(
-                f"{run.run_id}: {', '.join(missing)} not available in mm-batch {__version__}"
-            )
+    """Refuse what this installation cannot honour, rather than run without it."""
+    if any(run.task.agent.mcp for run in plan.runs) and not mcp_installed():
+        raise PlanError(f"the agent uses MCP servers, which need the mcp extra: {MCP_EXTRA_HINT}")
 
 
 def provenance(plan: Plan) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from mm_batch.config.model import (
     ParamSpec,
     ParamType,
     SandboxSpec,
+    Skill,
     TasksFile,
     TaskSpec,
     ToolSpec,
@@ -150,8 +151,7 @@ def load_agent(
         builtins = _builtins(reader, keys["builtins"])
         fields["builtins"] = builtins
     if "skills" in keys:
-        names = reader.string_list(keys["skills"]) or []
-        fields["skills"] = tuple(directory / n for n in names)
+        fields["skills"] = _skills(reader, keys["skills"], directory)
     mcp: tuple[McpServerSpec, ...] = ()
     if "mcp" in keys:
         mcp = _mcp_servers(reader, keys["mcp"], expander)
@@ -192,6 +192,64 @@ def _model_options(reader: Reader, at: At, expander: _Expander) -> dict[str, Any
         reader.number(items["timeout"], positive=True)
     options = {k: expander.expand_data(items[k], v) for k, v in data.items()}
     return options
+
+
+def _skills(reader: Reader, at: At, directory: Path) -> tuple[Skill, ...]:
+    """Skills from <dir>/<name>/SKILL.md in each listed folder."""
+    skills: list[Skill] = []
+    seen: dict[str, Path] = {}
+    for item, rel in zip(reader.sequence(at) or [], reader.string_list(at) or [], strict=False):
+        folder = (directory / rel).resolve()
+        if not folder.is_dir():
+            reader.problem(item, f"skills folder not found: {rel}")
+            continue
+        for path in sorted(folder.glob("*/SKILL.md")):
+            skill = _skill(path, reader.problems)
+            if skill is None:
+                continue
+            if skill.name in seen:
+                reader.problem(
+                    item,
+                    f"skill '{skill.name}' is defined twice: {seen[skill.name]} "
+                    f"and {display_path(path)}",
+                )
+                continue
+            seen[skill.name] = Path(display_path(path))
+            skills.append(skill)
+    return tuple(skills)
+
+
+def _skill(path: Path, problems: list[Problem]) -> Skill | None:
+    reader = Reader(display_path(path), problems)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        reader.problem(None, "a SKILL.md starts with front matter between --- lines")
+        return None
+    end = next((i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---"), None)
+    if end is None:
+        reader.problem(None, "the front matter has no closing --- line")
+        return None
+    before = len(problems)
+    # A leading newline keeps the node lines equal to the file's.
+    root = reader.compose("\n" + "".join(lines[1:end]))
+    keys = (
+        reader.mapping(root, {"name", "description", "keywords"}, {"name", "description"})
+        if root
+        else None
+    )
+    if keys is None:
+        return None
+    name = reader.string(keys["name"], non_empty=True) if "name" in keys else None
+    description = (
+        reader.string(keys["description"], non_empty=True) if "description" in keys else None
+    )
+    keywords = reader.string_list(keys["keywords"]) if "keywords" in keys else []
+    if name is not None and not TOOL_NAME_RE.fullmatch(name):
+        reader.problem(keys["name"], f"invalid skill name '{name}'")
+    if len(problems) > before or name is None or description is None:
+        return None
+    return Skill(name, description, tuple(keywords or ()), "".join(lines[end + 1 :]).strip(), path)
 
 
 def _builtins(reader: Reader, at: At) -> tuple[str, ...]:

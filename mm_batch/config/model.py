@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-ParamType = Literal["string", "integer", "number", "boolean"]
-Value = str | int | float | bool
+# "json" (any JSON value, no coercion) only comes from MCP tool schemas, never from a file.
+ParamType = Literal["string", "integer", "number", "boolean", "json"]
+Value = str | int | float | bool | list[Any] | dict[str, Any]
 SandboxKind = Literal["host", "docker"]
 NetworkMode = Literal["none", "bridge"]
 
-PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")
+PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")  # in files
 RESERVED_TOOL_NAMES = frozenset(
     {
         "bash",
@@ -99,6 +101,17 @@ class HooksSpec:
 
 
 @dataclass(frozen=True)
+class Skill:
+    """A skill: know-how the model reads with read_skill, listed in the system prompt."""
+
+    name: str
+    description: str
+    keywords: tuple[str, ...]
+    body: str
+    path: Path
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     path: Path
     sha256: str
@@ -109,7 +122,7 @@ class AgentConfig:
     yolo: bool = False
     allow: tuple[AllowRule, ...] = ()
     builtins: tuple[str, ...] = ()
-    skills: tuple[Path, ...] = ()
+    skills: tuple[Skill, ...] = ()
     mcp: tuple[McpServerSpec, ...] = ()
     hooks: HooksSpec = HooksSpec()
     sandbox: SandboxSpec = SandboxSpec()
@@ -179,6 +192,7 @@ def render_value(value: Value) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        text = format(Decimal(repr(value)), "f")
-        return text
-    return value
+        return format(Decimal(repr(value)), "f")
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

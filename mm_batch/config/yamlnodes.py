@@ -67,6 +67,10 @@ class Reader:
         except (OSError, UnicodeDecodeError) as exc:
             self.problems.append(Problem(self.file, 1, "", f"cannot read the file: {exc}"))
             return None
+        return self.compose(text)
+
+    def compose(self, text: str) -> At | None:
+        """Parse YAML text into a node tree; report syntax errors with their line."""
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.MarkedYAMLError as exc:

@@ -7,12 +7,13 @@ import os
 import selectors
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
@@ -122,15 +123,22 @@ class HostExecutor:
         env: Mapping[str, str],
         timeout: float,
         cancel: threading.Event | None = None,
+        stdin: bytes | None = None,
     ) -> ExecResult:
+        """Run argv; `stdin`, when given, is what the command reads (hooks get the call there)."""
         started = time.monotonic()
         empty = Captured(b"", 0)
+        source: Any = subprocess.DEVNULL
+        if stdin is not None:
+            source = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, once the child has it)
+            source.write(stdin)
+            source.seek(0)
         try:
             proc = subprocess.Popen(
                 list(argv),
                 cwd=workdir,
                 env=host_environment(env),
-                stdin=subprocess.DEVNULL,
+                stdin=source,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -149,6 +157,9 @@ class HostExecutor:
         except OSError as exc:
             message = f"cannot start {argv[0]}: {exc.strerror or exc}"
             return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+        finally:
+            if stdin is not None:
+                source.close()
         return self._supervise(proc, started, timeout, cancel)
 
     def _supervise(

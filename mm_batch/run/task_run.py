@@ -13,17 +13,19 @@ from typing import Any
 from mm_batch.config.local_catalog import LOCAL_PREFIX
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
-from mm_batch.run.executor import ExecResult, Executor
+from mm_batch.run.executor import ExecResult, Executor, HostExecutor
 from mm_batch.run.judge import Check, judge
+from mm_batch.run.mcp_client import McpError, call_tool, list_tools
 from mm_batch.run.model_client import ModelClient, ModelError, ModelReply, ToolCallRequest
 from mm_batch.run.output import decode, echo, model_result
 from mm_batch.run.records import Outcome, RunRecorder, Status
-from mm_batch.run.toolbox import PreparedCall, Toolbox
-from mm_batch.tools.consent import decide
+from mm_batch.run.toolbox import PreparedCall, Toolbox, skills_catalogue
+from mm_batch.tools.consent import Decision, decide
 from mm_batch.tools.declared import InvalidCall, parse_arguments
 from mm_batch.tools.text_calls import recover_tool_calls
 
 CHECK_TIMEOUT_S = 120.0
+HOOK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class TaskRun:
         self.masker = masker
         self.cancel = cancel
         self.toolbox = Toolbox(spec.task.agent)
+        self.hooks = HostExecutor()  # hooks run on the host, wherever the tools run
         self.tool_records: list[dict[str, Any]] = []
         self.call_lines: list[str] = []
 
@@ -109,8 +112,9 @@ class TaskRun:
         ended: str | None = None  # why the loop stopped short: a failure
         error: str | None = None  # why the run cannot be judged
         try:
+            self.toolbox = self._open_toolbox()
             answer, ended, error = self._loop(deadline)
-        except _SandboxFailedError as exc:
+        except (_SandboxFailedError, McpError) as exc:
             error = str(exc)
         except Exception as exc:
             error = f"internal error: {type(exc).__name__}: {exc}"
@@ -158,13 +162,30 @@ class TaskRun:
             tuple(self.call_lines),
         )
 
+    def _open_toolbox(self) -> Toolbox:
+        """List the MCP servers' tools; an expected MCP tool no server offers is an error."""
+        agent = self.spec.task.agent
+        tools = [t for server in agent.mcp for t in list_tools(server)]
+        toolbox = Toolbox(agent, tools)
+        expect = self.spec.task.expect
+        if expect is not None:
+            named = {c.tool for c in expect.calls} | set(expect.no_calls) | set(expect.refused)
+            prefixes = tuple(f"{s.name}_" for s in agent.mcp)
+            missing = sorted(n for n in named if n.startswith(prefixes) and n not in toolbox.names)
+            if missing:
+                raise McpError(f"expect names {', '.join(missing)}, which no MCP server offers")
+        return toolbox
+
     def _loop(self, deadline: float) -> tuple[str | None, str | None, str | None]:
         """Returns (answer, failure reason, error reason)."""
         task = self.spec.task
         agent = task.agent
         messages: list[dict[str, Any]] = []
-        if agent.system:
-            messages.append({"role": "system", "content": agent.system})
+        system = [agent.system] if agent.system else []
+        if "read_skill" in agent.builtins and agent.skills:
+            system.append(skills_catalogue(agent))
+        if system:
+            messages.append({"role": "system", "content": "\n\n".join(system)})
         messages.append({"role": "user", "content": task.prompt})
         schemas = self.toolbox.schemas()
         last_key: tuple[str, str] | None = None
@@ -256,20 +277,72 @@ class TaskRun:
         if isinstance(prepared, InvalidCall):
             self._record_tool(call, "invalid", reason="; ".join(prepared.problems))
             return prepared.answer, False
-        decision = decide(
-            self.spec.yolo,
-            self.spec.task.agent.allow,
-            prepared.tool,
-            prepared.rendered_arguments,
-            prepared.bash_command,
-        )
+        if prepared.kind == "skill":
+            # read_skill runs nothing: it reads the agent's own skills, so it needs no consent.
+            decision = Decision(True, "read_skill")
+        else:
+            decision = decide(
+                self.spec.yolo,
+                self.spec.task.agent.allow,
+                prepared.tool,
+                prepared.rendered_arguments,
+                prepared.bash_command,
+            )
         if not decision.allowed:
             self._record_tool(call, "refused", prepared, reason=decision.reason)
             return decision.reason or "refused", False
+        hooks: dict[str, Any] = {}
+        pre = self.spec.task.agent.hooks.pre_tool_call
+        if pre is not None:
+            payload_pre: dict[str, Any] = {
+                "tool": call.name,
+                "arguments": prepared.arguments,
+                "argv": list(prepared.argv),
+            }
+            hooks["preToolCall"], refusal = self._hook(pre, payload_pre)
+            if refusal is not None:
+                self._record_tool(call, "refused", prepared, reason=refusal, hooks=hooks)
+                return refusal, False
         remaining = deadline - time.monotonic()
-        timeout = min(prepared.timeout or remaining, remaining)
+        timeout = max(min(prepared.timeout or remaining, remaining), 0.001)
+        if prepared.kind == "skill":
+            outcome, reason, answer, result = self._read_skill(prepared)
+        elif prepared.kind == "mcp":
+            outcome, reason, answer, result = self._call_mcp(prepared, timeout)
+        else:
+            outcome, reason, answer, result = self._run_command(prepared, timeout)
+        post = self.spec.task.agent.hooks.post_tool_call
+        if post is not None and outcome != "invalid":
+            payload: dict[str, Any] = {
+                "tool": call.name,
+                "arguments": prepared.arguments,
+                "argv": list(prepared.argv),
+                "outcome": outcome,
+                "exit_code": result.exit_code if result else None,
+                "stdout": decode(result.stdout.data) if result else answer,
+                "stderr": decode(result.stderr.data) if result else "",
+            }
+            hooks["postToolCall"], _ = self._hook(post, payload)
+        self._record_tool(
+            call,
+            outcome,
+            prepared,
+            reason=reason,
+            rule=decision.rule,
+            result=result,
+            hooks=hooks or None,
+            answer=answer,
+        )
+        if result is not None and result.sandbox_failed:
+            raise _SandboxFailedError(f"the sandbox failed: {result.error}")
+        hit_deadline = bool(result and result.timed_out and time.monotonic() >= deadline - 0.01)
+        return answer, hit_deadline
+
+    def _run_command(
+        self, prepared: PreparedCall, timeout: float
+    ) -> tuple[Outcome, str | None, str, ExecResult]:
         result = self.executor.execute(
-            prepared.argv, prepared.workdir, prepared.env, max(timeout, 0.001), self.cancel
+            prepared.argv, prepared.workdir, prepared.env, timeout, self.cancel
         )
         outcome: Outcome = "ran"
         reason = None
@@ -279,11 +352,62 @@ class TaskRun:
             outcome, reason = "timeout", f"stopped after {timeout:g} s"
         elif result.interrupted:
             outcome, reason = "error", "interrupted"
-        self._record_tool(call, outcome, prepared, reason=reason, rule=decision.rule, result=result)
-        if result.sandbox_failed:
-            raise _SandboxFailedError(f"the sandbox failed: {result.error}")
-        hit_deadline = result.timed_out and time.monotonic() >= deadline - 0.01
-        return model_result(prepared.argv, result, timeout), hit_deadline
+        return outcome, reason, model_result(prepared.argv, result, timeout), result
+
+    def _read_skill(self, prepared: PreparedCall) -> tuple[Outcome, str | None, str, None]:
+        name = prepared.arguments.get("name")
+        skill = next((s for s in self.spec.task.agent.skills if s.name == name), None)
+        if skill is None:
+            known = ", ".join(s.name for s in self.spec.task.agent.skills) or "none"
+            reason = f"no skill named {name!r}"
+            return (
+                "invalid",
+                reason,
+                f"There is no skill named {name!r}. The skills: {known}.",
+                None,
+            )
+        return "ran", None, skill.body, None
+
+    def _call_mcp(
+        self, prepared: PreparedCall, timeout: float
+    ) -> tuple[Outcome, str | None, str, None]:
+        assert prepared.mcp is not None
+        server = next(s for s in self.spec.task.agent.mcp if s.name == prepared.mcp.server)
+        try:
+            is_error, text = call_tool(server, prepared.mcp.name, dict(prepared.arguments), timeout)
+        except McpError as exc:
+            return "error", str(exc), f"The tool could not be called: {exc}", None
+        if is_error:
+            return "error", f"the MCP tool answered an error: {text[:500]}", text, None
+        return "ran", None, text, None
+
+    def _hook(
+        self, argv: tuple[str, ...], payload: dict[str, Any]
+    ) -> tuple[dict[str, Any], str | None]:
+        """Run a hook with the call as JSON on stdin: (its record, the refusal when it failed)."""
+        data = json.dumps(payload, ensure_ascii=False, default=str).encode()
+        result = self.hooks.execute(
+            argv, self.spec.task.agent.directory, {}, HOOK_TIMEOUT_S, self.cancel, stdin=data
+        )
+        stdout = decode(result.stdout.data).strip()
+        record = {
+            "argv": list(argv),
+            "exit_code": result.exit_code,
+            "stdout": stdout[:4096],
+            "stderr": decode(result.stderr.data).strip()[:4096],
+            "timed_out": result.timed_out,
+            "error": result.error,
+        }
+        if result.error is not None:
+            return record, f"refused by the preToolCall hook: it could not run: {result.error}"
+        if result.timed_out:
+            return (
+                record,
+                f"refused by the preToolCall hook: it timed out after {HOOK_TIMEOUT_S:g} s",
+            )
+        if result.exit_code != 0:
+            return record, stdout or f"refused by the preToolCall hook (exit {result.exit_code})"
+        return record, None
 
     def _record_model(self, reply: ModelReply) -> None:
         self.recorder.emit(
@@ -310,6 +434,8 @@ class TaskRun:
         reason: str | None = None,
         rule: str | None = None,
         result: ExecResult | None = None,
+        hooks: dict[str, Any] | None = None,
+        answer: str | None = None,
     ) -> None:
         record: dict[str, Any] = {
             "tool": call.name,
@@ -319,15 +445,16 @@ class TaskRun:
             "reason": reason,
             "rule": rule,
             "argv": list(prepared.argv) if prepared else None,
-            "where": self.executor.where,
-            "exit_code": result.exit_code if result else None,
+            "where": self._where(prepared),
+            "exit_code": result.exit_code if result else (0 if outcome == "ran" else None),
             "duration_s": round(result.duration_s, 6) if result else None,
-            "stdout": decode(result.stdout.data) if result else None,
+            "stdout": decode(result.stdout.data) if result else answer,
             "stderr": decode(result.stderr.data) if result else None,
             "stdout_bytes": result.stdout.total if result else None,
             "stderr_bytes": result.stderr.total if result else None,
             "truncated": bool(result and (result.stdout.cut or result.stderr.cut)),
             "recovered_from_text": call.recovered_from_text,
+            "hooks": hooks,
         }
         self.recorder.emit("tool", record)
         self.tool_records.append(record)
@@ -337,6 +464,13 @@ class TaskRun:
         if reason:
             line += f"\n    {reason}"
         self.call_lines.append(self.masker.text(line))
+
+    def _where(self, prepared: PreparedCall | None) -> str:
+        if prepared is not None and prepared.kind == "mcp" and prepared.mcp is not None:
+            return f"mcp:{prepared.mcp.server}"
+        if prepared is not None and prepared.kind == "skill":
+            return "skill"
+        return self.executor.where
 
     def _run_check(self, argv: tuple[str, ...]) -> tuple[int | None, str]:
         agent = self.spec.task.agent

@@ -1,27 +1,43 @@
-"""The tools of one task run: declared tools and enabled built-ins, behind one lookup."""
+"""The tools of one task run — declared tools, built-ins and MCP tools — behind one lookup.
+
+Every kind is a `ToolSpec` for the model and for validation, so that coercion, invalid-call
+answers and consent are one piece of code whatever runs the call.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from mm_batch.config.model import AgentConfig, ParamSpec, ToolSpec, Value, render_value
+from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
+from mm_batch.run.mcp_client import McpTool
 from mm_batch.tools.declared import InvalidCall, ValidCall, model_schema, validate_call
+
+CallKind = Literal["command", "skill", "mcp"]
+_SCHEMA_TYPES: dict[str, ParamType] = {
+    "string": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+}
 
 
 @dataclass(frozen=True)
 class PreparedCall:
-    """A valid call, ready for consent and the executor."""
+    """A valid call, ready for consent and whatever runs it."""
 
     tool: str
+    kind: CallKind
     arguments: dict[str, Value]
     argv: tuple[str, ...]
     workdir: Path
     timeout: float | None
     env: Mapping[str, str] = field(default_factory=dict)
     bash_command: str | None = None
+    mcp: McpTool | None = None
 
     @property
     def rendered_arguments(self) -> dict[str, str]:
@@ -42,35 +58,113 @@ def bash_tool(directory: Path) -> ToolSpec:
     )
 
 
+def read_skill_tool(agent: AgentConfig) -> ToolSpec:
+    names = ", ".join(s.name for s in agent.skills) or "none"
+    return ToolSpec(
+        name="read_skill",
+        description="Read one of the skills listed in the system prompt: its full instructions.",
+        params=(
+            ParamSpec(
+                "name",
+                "string",
+                f"The skill's name: one of {names}.",
+                required=True,
+                allow_dash=True,
+            ),
+        ),
+        command=("read_skill",),
+        workdir=agent.directory,
+    )
+
+
+def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
+    """An MCP tool as the model sees it: its schema's properties, required ones marked."""
+    properties = tool.input_schema.get("properties") or {}
+    required = set(tool.input_schema.get("required") or [])
+    params = []
+    for name, raw in properties.items():
+        prop = raw if isinstance(raw, dict) else {}
+        enum = prop.get("enum")
+        params.append(
+            ParamSpec(
+                name=name,
+                type=_SCHEMA_TYPES.get(str(prop.get("type")), "json"),
+                description=str(prop.get("description") or prop.get("title") or ""),
+                required=name in required,
+                enum=tuple(enum) if isinstance(enum, list) and enum else None,
+                default=prop.get("default"),
+                allow_dash=True,  # no argv: an MCP value cannot become an option
+            )
+        )
+    return ToolSpec(
+        name=tool.exposed_name,
+        description=f"MCP tool from server {tool.server}: {tool.description}",
+        params=tuple(params),
+        command=("mcp",),
+        workdir=directory,
+    )
+
+
+def skills_catalogue(agent: AgentConfig) -> str:
+    """What the system prompt lists when read_skill is on."""
+    lines = ["Skills you can read with the read_skill tool before you act:"]
+    for skill in agent.skills:
+        keywords = f" (keywords: {', '.join(skill.keywords)})" if skill.keywords else ""
+        lines.append(f"- {skill.name}: {skill.description}{keywords}")
+    return "\n".join(lines)
+
+
+_warned: set[str] = set()
+
+
 class Toolbox:
-    def __init__(self, agent: AgentConfig) -> None:
-        tools = list(agent.tools)
+    def __init__(self, agent: AgentConfig, mcp_tools: Sequence[McpTool] = ()) -> None:
+        self.agent = agent
+        kinds: dict[str, tuple[ToolSpec, CallKind, McpTool | None]] = {
+            t.name: (t, "command", None) for t in agent.tools
+        }
         if "bash" in agent.builtins:
-            tools.append(bash_tool(agent.directory))
-        self._tools = {t.name: t for t in tools}
+            kinds["bash"] = (bash_tool(agent.directory), "command", None)
+        if "read_skill" in agent.builtins:
+            kinds["read_skill"] = (read_skill_tool(agent), "skill", None)
+        for tool in mcp_tools:
+            if tool.exposed_name in kinds:
+                if tool.exposed_name not in _warned:
+                    _warned.add(tool.exposed_name)
+                    print(
+                        f"mm-batch: warning: MCP tool {tool.exposed_name} of server "
+                        f"{tool.server} has the name of a declared tool; the declared tool wins",
+                        file=sys.stderr,
+                    )
+                continue
+            kinds[tool.exposed_name] = (mcp_tool_spec(tool, agent.directory), "mcp", tool)
+        self._tools = kinds
 
     @property
     def names(self) -> list[str]:
         return sorted(self._tools)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return [model_schema(t) for t in self._tools.values()]
+        return [model_schema(spec) for spec, _, _ in self._tools.values()]
 
     def prepare(self, name: str, raw_arguments: str | None) -> PreparedCall | InvalidCall | None:
         """Validate a call; None when no tool has that name."""
-        tool = self._tools.get(name)
-        if tool is None:
+        entry = self._tools.get(name)
+        if entry is None:
             return None
-        result = validate_call(tool, raw_arguments)
+        spec, kind, mcp = entry
+        result = validate_call(spec, raw_arguments)
         if not isinstance(result, ValidCall):
             return result
         command = result.arguments.get("command") if name == "bash" else None
         return PreparedCall(
             tool=name,
+            kind=kind,
             arguments=result.arguments,
-            argv=result.argv,
-            workdir=tool.workdir,
-            timeout=tool.timeout,
-            env=tool.env,
+            argv=result.argv if kind == "command" else (),
+            workdir=spec.workdir,
+            timeout=spec.timeout,
+            env=spec.env,
             bash_command=command if isinstance(command, str) else None,
+            mcp=mcp,
         )

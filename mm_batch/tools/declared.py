@@ -113,6 +113,8 @@ def coerce(param: ParamSpec, value: Any) -> tuple[Value | None, str | None]:
     shown = json.dumps(value, ensure_ascii=False)
     if len(shown) > 80:
         shown = shown[:77] + "..."
+    if param.type == "json":
+        return value, None
     if param.type == "string":
         if isinstance(value, str):
             return value, None
