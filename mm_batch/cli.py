@@ -142,6 +142,27 @@ def tools(agent_file: Path) -> None:
 
 
 @cli.command()
+@click.argument(
+    "folders",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where the merged results go; previous results are replaced.",
+)
+def merge(folders: tuple[Path, ...], out_dir: Path) -> None:
+    """Merge the results folders of shards into one, as if one machine had run them all."""
+    from mm_batch.commands import merge as command
+
+    sys.exit(command.merge(folders, out_dir))
+
+
+@cli.command()
 def models() -> None:
     """List the local models: installed or not, size, where they are cached."""
     from mm_batch.commands import models as command

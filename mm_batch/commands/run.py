@@ -7,7 +7,7 @@ import platform
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,11 +39,11 @@ from mm_batch.report.summary import (
     task_verdicts,
     terminal_table,
 )
+from mm_batch.report.terminal import Progress, publish_to_github
 from mm_batch.run.batch import Effects, run_batch
 from mm_batch.run.mcp_client import MCP_EXTRA_HINT
 from mm_batch.run.mcp_client import installed as mcp_installed
 from mm_batch.run.model_client import litellm_version
-from mm_batch.run.task_run import RunResult
 
 DEFAULT_OUT = Path("mm-batch-results")
 
@@ -89,24 +89,6 @@ def provenance(plan: Plan) -> dict[str, Any]:
     return data
 
 
-def _progress(total: int) -> Callable[[RunResult], None]:
-    count = 0
-    lock = threading.Lock()
-
-    def report(result: RunResult) -> None:
-        nonlocal count
-        with lock:
-            count += 1
-            line = (
-                f"[{count}/{total}] {result.status:<6} {result.run_id} ({result.duration_s:.1f} s)"
-            )
-            if result.reason:
-                line += f": {result.reason[:200]}"
-            click.echo(line, err=True)
-
-    return report
-
-
 def run(
     tasks_path: Path,
     overrides: Overrides,
@@ -133,7 +115,7 @@ def run(
             recorder = JsonlRecorder(out_dir / CALLS, masker)
             try:
                 results = run_batch(
-                    plan, effects, recorder, masker, cancel, _progress(len(plan.runs))
+                    plan, effects, recorder, masker, cancel, Progress(len(plan.runs))
                 )
             finally:
                 recorder.close()
@@ -143,8 +125,13 @@ def run(
     verdicts = task_verdicts(results, plan.min_pass_rate)
     code = EXIT_INTERRUPTED if received else exit_code(verdicts)
     write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))
-    write_atomic(out_dir / SUMMARY_JSON, masker.text(summary_json(plan, results, facts, code)))
-    write_atomic(out_dir / SUMMARY_MD, masker.text(summary_markdown(plan, results)))
+    write_atomic(
+        out_dir / SUMMARY_JSON,
+        masker.text(summary_json(plan.suite, plan.min_pass_rate, results, facts, code)),
+    )
+    summary_md = masker.text(summary_markdown(plan.suite, results))
+    write_atomic(out_dir / SUMMARY_MD, summary_md)
+    publish_to_github(results, summary_md)
     click.echo(terminal_table(results), err=True)
     if received:
         name = signal.Signals(received[0]).name

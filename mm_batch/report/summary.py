@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mm_batch.plan import Plan
 from mm_batch.run.task_run import RunResult
 
 EXIT_PASSED = 0
@@ -94,12 +93,17 @@ def exit_code(verdicts: Sequence[TaskVerdict]) -> int:
 
 
 def summary_json(
-    plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any], code: int
+    suite: str,
+    min_pass_rate: float,
+    results: Sequence[RunResult],
+    provenance: Mapping[str, Any],
+    code: int,
 ) -> str:
-    verdicts = task_verdicts(results, plan.min_pass_rate)
+    verdicts = task_verdicts(results, min_pass_rate)
     data = {
+        "suite": suite,
         "provenance": dict(provenance),
-        "min_pass_rate": plan.min_pass_rate,
+        "min_pass_rate": min_pass_rate,
         "exit_code": code,
         "models": [
             {
@@ -145,9 +149,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def summary_markdown(plan: Plan, results: Sequence[RunResult]) -> str:
+def summary_markdown(suite: str, results: Sequence[RunResult]) -> str:
     lines = [
-        f"## mm-batch: {plan.suite}",
+        f"## mm-batch: {suite}",
         "",
         "| Model | Passes/runs | Failed | Errors | Mean s per task |",
         "|-------|-------------|--------|--------|-----------------|",

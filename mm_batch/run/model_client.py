@@ -19,6 +19,25 @@ _TRANSIENT_STATUS = {408, 409, 429}
 _import_lock = threading.Lock()
 
 
+class _SharedBackoff:
+    """When a provider answers 429 to one run, every run of that model waits the same pause."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}
+
+    def pause(self, model: str, seconds: float) -> None:
+        with self._lock:
+            self._until[model] = max(self._until.get(model, 0.0), time.monotonic() + seconds)
+
+    def remaining(self, model: str) -> float:
+        with self._lock:
+            return max(0.0, self._until.get(model, 0.0) - time.monotonic())
+
+
+SHARED_BACKOFF = _SharedBackoff()
+
+
 @dataclass(frozen=True)
 class ToolCallRequest:
     id: str
@@ -121,6 +140,9 @@ class LiteLLMClient:
         started = time.monotonic()
         last: BaseException | None = None
         for attempt in range(1, self.tries + 1):
+            wait = SHARED_BACKOFF.remaining(self.model)
+            if wait > 0:
+                self._sleep(wait)
             try:
                 response = litellm.completion(
                     model=self.model,
@@ -135,7 +157,11 @@ class LiteLLMClient:
                     raise ModelError(f"the model refused the request: {_short(exc)}") from exc
                 last = exc
                 if attempt < self.tries:
-                    self._sleep(self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4))
+                    delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                    if _status_code(exc) == 429:
+                        SHARED_BACKOFF.pause(self.model, delay)  # the others wait with this run
+                    else:
+                        self._sleep(delay)
                 continue
             return _reply(response, time.monotonic() - started, attempt)
         assert last is not None

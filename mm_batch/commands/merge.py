@@ -1,0 +1,142 @@
+"""`mm-batch merge DIR... --out DIR`: shards' results into one, as if one machine ran them all."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mm_batch.plan import PlanError
+from mm_batch.report.files import (
+    CALLS,
+    JUNIT,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    clear_outputs,
+    write_atomic,
+)
+from mm_batch.report.summary import (
+    EXIT_PASSED,
+    exit_code,
+    summary_json,
+    summary_markdown,
+    task_verdicts,
+    terminal_table,
+)
+from mm_batch.run.task_run import RunResult
+
+
+def _read_summary(directory: Path) -> dict[str, Any]:
+    for name in (CALLS, JUNIT, SUMMARY_JSON):
+        if not (directory / name).is_file():
+            raise PlanError(f"{directory}: no {name} here: not an mm-batch results folder")
+    try:
+        data = json.loads((directory / SUMMARY_JSON).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise PlanError(f"{directory / SUMMARY_JSON}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise PlanError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
+    return data
+
+
+def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult]:
+    seen: dict[str, Path] = {}
+    results: list[RunResult] = []
+    for directory, data in summaries:
+        for run in data["runs"]:
+            if run["run"] in seen:
+                raise PlanError(
+                    f"run {run['run']} is in both {seen[run['run']]} and {directory}: "
+                    "shards must not overlap"
+                )
+            seen[run["run"]] = directory
+            results.append(
+                RunResult(
+                    run["run"],
+                    run["task"],
+                    run["model"],
+                    run["repeat"],
+                    run["status"],
+                    run["reason"],
+                    (),
+                    run["duration_s"],
+                    None,
+                    (),
+                )
+            )
+    return results
+
+
+def _merge_junit(directories: Sequence[Path]) -> str:
+    root = ET.Element("testsuites")
+    suites: dict[str, ET.Element] = {}
+    for directory in directories:
+        try:
+            tree = ET.parse(directory / JUNIT)
+        except ET.ParseError as exc:
+            raise PlanError(f"{directory / JUNIT}: not valid XML ({exc})") from None
+        for suite in tree.getroot().iter("testsuite"):
+            name = suite.get("name", "")
+            if name not in suites:
+                merged = ET.SubElement(root, "testsuite", dict(suite.attrib))
+                properties = suite.find("properties")
+                if properties is not None:
+                    merged.append(properties)
+                suites[name] = merged
+            suites[name].extend(suite.findall("testcase"))
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    elapsed = 0.0
+    for suite in suites.values():
+        cases = suite.findall("testcase")
+        counts = {
+            "tests": len(cases),
+            "failures": sum(c.find("failure") is not None for c in cases),
+            "errors": sum(c.find("error") is not None for c in cases),
+            "skipped": sum(c.find("skipped") is not None for c in cases),
+        }
+        seconds = sum(float(c.get("time") or 0) for c in cases)
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+        suite.set("time", f"{seconds:.3f}")
+        elapsed += seconds
+    for key, value in totals.items():
+        if key != "skipped":
+            root.set(key, str(value))
+    root.set("time", f"{elapsed:.3f}")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def merge(directories: Sequence[Path], out_dir: Path) -> int:
+    summaries = [(d, _read_summary(d)) for d in directories]
+    rates = {float(data.get("min_pass_rate", 1.0)) for _, data in summaries}
+    suites = {str(data.get("suite", "")) for _, data in summaries}
+    if len(rates) > 1 or len(suites) > 1:
+        raise PlanError(
+            "the folders come from different tasks files or min_pass_rate: "
+            f"suites {sorted(suites)}, min_pass_rate {sorted(rates)}"
+        )
+    results = _results(summaries)
+    junit = _merge_junit(directories)
+    calls = "".join((d / CALLS).read_text(encoding="utf-8") for d in directories)
+    (rate,), (suite,) = rates, suites
+    provenance = dict(summaries[0][1].get("provenance") or {})
+    provenance["merged_from"] = len(directories)
+    code = exit_code(task_verdicts(results, rate))
+    clear_outputs(out_dir)
+    write_atomic(out_dir / CALLS, calls)
+    write_atomic(out_dir / JUNIT, junit)
+    write_atomic(out_dir / SUMMARY_JSON, summary_json(suite, rate, results, provenance, code))
+    write_atomic(out_dir / SUMMARY_MD, summary_markdown(suite, results))
+    click.echo(terminal_table(results), err=True)
+    click.echo(
+        f"mm-batch: {len(results)} run(s) of {len(directories)} folder(s) merged into "
+        f"{out_dir}; as one run it would exit {code}",
+        err=True,
+    )
+    return EXIT_PASSED
