@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from mm_batch.cli import main as mm_batch
-from mm_batch.testing.fake_openai import FakeOpenAI, text
 
 
 def tasks_file(directory: Path, runs: int) -> Path:
@@ -29,27 +28,47 @@ def tasks_file(directory: Path, runs: int) -> Path:
     return path
 
 
+def fake_model(latency: float) -> tuple[subprocess.Popen[str], str]:
+    """The fake model in a process of its own, so that its work is not counted as mm-batch's."""
+    code = (
+        "import sys, time\n"
+        "from mm_batch.testing.fake_openai import FakeOpenAI, text\n"
+        f"with FakeOpenAI(lambda _r: text('ok'), {latency!r}) as fake:\n"
+        "    print(fake.url, flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
 def batch(runs: int, jobs: int, latency: float) -> float:
-    with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(lambda _r: text("ok"), latency) as fake:
-        tasks = tasks_file(Path(tmp), runs)
-        started = time.perf_counter()
-        code = mm_batch(
-            [
-                "run",
-                str(tasks),
-                "--model",
-                "hosted_vllm/fake",
-                "--model-option",
-                f"api_base={fake.url}",
-                "--jobs",
-                str(jobs),
-                "--out",
-                f"{tmp}/out",
-            ]
-        )
-        elapsed = time.perf_counter() - started
-        assert code == 0, code
-        return elapsed
+    server, url = fake_model(latency)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            tasks = tasks_file(Path(tmp), runs)
+            started = time.perf_counter()
+            code = mm_batch(
+                [
+                    "run",
+                    str(tasks),
+                    "--model",
+                    "hosted_vllm/fake",
+                    "--model-option",
+                    f"api_base={url}",
+                    "--jobs",
+                    str(jobs),
+                    "--out",
+                    f"{tmp}/out",
+                ]
+            )
+            elapsed = time.perf_counter() - started
+            assert code == 0, code
+            return elapsed
+    finally:
+        server.communicate("")
 
 
 def peak_rss_mb(runs: int, latency: float) -> float:
