@@ -66,6 +66,16 @@ class Plan:
     def models(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.model for r in self.runs))
 
+    @property
+    def parallel_limits(self) -> dict[str, int]:
+        """Each model's `max_parallel` (the smallest given for it), for the models that set one."""
+        limits: dict[str, int] = {}
+        for run in self.runs:
+            value = run.model_options.get("max_parallel")
+            if isinstance(value, int) and value >= 1:
+                limits[run.model] = min(limits.get(run.model, value), value)
+        return limits
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     try:

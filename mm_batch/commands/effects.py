@@ -12,9 +12,15 @@ from mm_batch.config.local_catalog import local_model
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
 from mm_batch.run.executor import Executor, HostExecutor, SandboxError
-from mm_batch.run.local_models import LocalModelError, ensure_gguf
+from mm_batch.run.local_models import ensure_gguf
 from mm_batch.run.local_server import LlamaServer, ServerError
-from mm_batch.run.model_client import LiteLLMClient, ModelClient, ModelError, load_litellm
+from mm_batch.run.model_client import (
+    LiteLLMClient,
+    ModelClient,
+    ModelError,
+    ModelReply,
+    load_litellm,
+)
 
 
 class _DockerSandboxes:
@@ -86,9 +92,9 @@ class _LocalServers:
         for name, slots in _local_slots(plan).items():
             model = local_model(name)
             assert model is not None  # the plan refused unknown local models
-            LlamaServer.check_installed(model)  # a missing extra stops here: nothing ran
-            ensure_gguf(model)  # so does a missing or corrupt model
-            self.servers[name] = LlamaServer(model, slots)
+            binary = LlamaServer.check_installed(model)  # a missing extra stops here
+            gguf = ensure_gguf(model)  # so does a missing or corrupt model: nothing ran
+            self.servers[name] = LlamaServer(model, slots, binary, gguf)
 
     def start_all(self) -> None:
         for name, server in self.servers.items():
@@ -98,7 +104,7 @@ class _LocalServers:
             started = time.monotonic()
             try:
                 server.start()
-            except (ServerError, LocalModelError) as exc:
+            except ServerError as exc:
                 self.failures[name] = str(exc)
                 click.echo(f"mm-batch: {exc}", err=True)
                 continue
@@ -125,7 +131,7 @@ class _LocalClient:
 
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
-    ) -> Any:
+    ) -> ModelReply:
         died = self._server.died()
         if died is not None:
             raise ModelError(died)
@@ -141,14 +147,10 @@ class _LocalClient:
 def _local_slots(plan: Plan) -> dict[str, int]:
     """Slots per local model: as many as its runs can be in flight at once."""
     counts: dict[str, int] = {}
-    limits: dict[str, int] = {}
     for run in plan.runs:
-        if local_model(run.model) is None:
-            continue
-        counts[run.model] = counts.get(run.model, 0) + 1
-        limit = run.model_options.get("max_parallel")
-        if isinstance(limit, int):
-            limits[run.model] = min(limits.get(run.model, limit), limit)
+        if local_model(run.model) is not None:
+            counts[run.model] = counts.get(run.model, 0) + 1
+    limits = plan.parallel_limits
     return {m: max(1, min(n, plan.jobs, limits.get(m, n))) for m, n in counts.items()}
 
 

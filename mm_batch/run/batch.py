@@ -37,12 +37,7 @@ class _Slot:
 
 
 def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
-    limits: dict[str, int] = {}
-    for run in plan.runs:
-        value = run.model_options.get("max_parallel")
-        if isinstance(value, int) and value >= 1:
-            limits[run.model] = min(limits.get(run.model, value), value)
-    return {model: threading.Semaphore(n) for model, n in limits.items()}
+    return {model: threading.Semaphore(n) for model, n in plan.parallel_limits.items()}
 
 
 def run_batch(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mm_batch.config.local_catalog import LocalModel
 from mm_batch.run.executor import start_service, stop_service
-from mm_batch.run.local_models import LOCAL_EXTRA_HINT, LocalModelError, ensure_gguf, server_binary
+from mm_batch.run.local_models import LOCAL_EXTRA_HINT, LocalModelError, server_binary
 
 HEALTH_DEADLINE_S = 180.0
 CONTEXT_PER_SLOT = 4096
@@ -32,9 +32,12 @@ def _free_port() -> int:
 class LlamaServer:
     """One llama-server process, with as many slots as the run has parallel jobs for it."""
 
-    def __init__(self, model: LocalModel, slots: int) -> None:
+    def __init__(self, model: LocalModel, slots: int, binary: Path, gguf: Path) -> None:
+        """`binary` from check_installed, `gguf` from ensure_gguf: resolved once, before runs."""
         self.model = model
         self.slots = max(1, slots)
+        self.binary = binary
+        self.gguf = gguf
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = (
@@ -54,13 +57,11 @@ class LlamaServer:
         return binary
 
     def start(self, deadline_s: float = HEALTH_DEADLINE_S) -> None:
-        binary = self.check_installed(self.model)
-        gguf = ensure_gguf(self.model)
         self.port = _free_port()
         argv = [
-            str(binary),
+            str(self.binary),
             "-m",
-            str(gguf),
+            str(self.gguf),
             "--host",
             "127.0.0.1",
             "--port",

@@ -292,14 +292,15 @@ class TaskRun:
             self._record_tool(call, "refused", prepared, reason=decision.reason)
             return decision.reason or "refused", False
         hooks: dict[str, Any] = {}
+        # What both hooks are told of the call; postToolCall also gets how it went.
+        described: dict[str, Any] = {
+            "tool": call.name,
+            "arguments": prepared.arguments,
+            "argv": list(prepared.argv),
+        }
         pre = self.spec.task.agent.hooks.pre_tool_call
         if pre is not None:
-            payload_pre: dict[str, Any] = {
-                "tool": call.name,
-                "arguments": prepared.arguments,
-                "argv": list(prepared.argv),
-            }
-            hooks["preToolCall"], refusal = self._hook(pre, payload_pre)
+            hooks["preToolCall"], refusal = self._hook(pre, described)
             if refusal is not None:
                 self._record_tool(call, "refused", prepared, reason=refusal, hooks=hooks)
                 return refusal, False
@@ -313,10 +314,8 @@ class TaskRun:
             outcome, reason, answer, result = self._run_command(prepared, timeout)
         post = self.spec.task.agent.hooks.post_tool_call
         if post is not None and outcome != "invalid":
-            payload: dict[str, Any] = {
-                "tool": call.name,
-                "arguments": prepared.arguments,
-                "argv": list(prepared.argv),
+            payload = {
+                **described,
                 "outcome": outcome,
                 "exit_code": result.exit_code if result else None,
                 "stdout": decode(result.stdout.data) if result else answer,
