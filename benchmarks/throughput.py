@@ -1,23 +1,33 @@
 """Throughput of a batch against the fake model with a fixed latency per call.
 
 Prints, for 500 task runs at jobs 1, 4 and 16: the wall time against the ideal (model time /
-jobs) as a ratio; then the peak memory of batches of 1,000 and 5,000 runs (each in a fresh
-process, so the figures do not mix). Goals: ratio <= 1.1 at jobs 16; memory flat in the number
-of runs. Each task run is one model turn that answers without a tool call.
+jobs) as a ratio. Then, at jobs 16 for a few latencies, the same ratio beside the floor: bare
+litellm.completion calls from 16 threads with no mm-batch around them, which is as fast as any
+caller of litellm in one interpreter can go. Then the peak memory of batches of 1,000 and
+5,000 runs (each in a fresh process, so the figures do not mix). Goals: ratio <= 1.1 at jobs
+16; memory flat in the number of runs. Each task run is one model turn that answers without a
+tool call. litellm is imported before the first figure: its import is start-up, not
+throughput, and is printed on its own.
 
-Run: python benchmarks/throughput.py [--latency 0.05]
+Run: python benchmarks/throughput.py [--latency 0.05] [--runs 500]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mm_batch.cli import main as mm_batch
+from mm_batch.run.model_client import load_litellm
 
 
 def tasks_file(directory: Path, runs: int) -> Path:
@@ -45,28 +55,53 @@ def fake_model(latency: float) -> tuple[subprocess.Popen[str], str]:
 
 
 def batch(runs: int, jobs: int, latency: float) -> float:
+    """Wall seconds of one `mm-batch run` (in this process); its terminal output goes nowhere."""
     server, url = fake_model(latency)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
             tasks = tasks_file(Path(tmp), runs)
+            args = ["run", str(tasks), "--model", "hosted_vllm/fake", "--jobs", str(jobs)]
+            args += ["--model-option", f"api_base={url}", "--out", f"{tmp}/out"]
             started = time.perf_counter()
-            code = mm_batch(
-                [
-                    "run",
-                    str(tasks),
-                    "--model",
-                    "hosted_vllm/fake",
-                    "--model-option",
-                    f"api_base={url}",
-                    "--jobs",
-                    str(jobs),
-                    "--out",
-                    f"{tmp}/out",
-                ]
-            )
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                code = mm_batch(args)
             elapsed = time.perf_counter() - started
             assert code == 0, code
             return elapsed
+    finally:
+        server.communicate("")
+
+
+def bare_call(url: str) -> None:
+    """One model call straight through litellm, as LiteLLMClient makes it, without mm-batch."""
+    messages = [{"role": "user", "content": "go"}]
+    load_litellm().completion(
+        model="hosted_vllm/fake", messages=messages, api_base=url, num_retries=0
+    )
+
+
+def bare_litellm(runs: int, jobs: int, latency: float) -> float:
+    """The floor: the same number of model calls from `jobs` threads, nothing else."""
+    server, url = fake_model(latency)
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            started = time.perf_counter()
+            list(pool.map(lambda _: bare_call(url), range(runs)))
+            return time.perf_counter() - started
+    finally:
+        server.communicate("")
+
+
+def litellm_cpu_ms(calls: int = 200) -> float:
+    """litellm's own CPU per call, one call at a time, against a fake that answers at once."""
+    server, url = fake_model(0.0)
+    try:
+        for _ in range(calls):  # warm: connection, caches
+            bare_call(url)
+        started = time.process_time()
+        for _ in range(calls):
+            bare_call(url)
+        return (time.process_time() - started) / calls * 1000
     finally:
         server.communicate("")
 
@@ -83,28 +118,43 @@ def peak_rss_mb(runs: int, latency: float) -> float:
     return int(done.stdout.strip().splitlines()[-1]) / 1024
 
 
+def ratios(
+    measure: Callable[[int, int, float], float], runs: int, jobs: int, latency: float, times: int
+) -> list[float]:
+    """Wall time over the ideal (model time / jobs), measured `times` times, sorted."""
+    ideal = runs * latency / jobs
+    return sorted(measure(runs, jobs, latency) / ideal for _ in range(times))
+
+
+def shown(values: list[float]) -> str:
+    """The median, with the range when there are several values."""
+    spread = f" ({values[0]:.2f}-{values[-1]:.2f})" if len(values) > 1 else ""
+    return f"{statistics.median(values):5.2f}{spread}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.05, help="seconds per model call")
     parser.add_argument("--runs", type=int, default=500)
     options = parser.parse_args()
-    print(f"{options.runs} runs, {options.latency * 1000:.0f} ms per model call", flush=True)
-    for jobs in (1, 4, 16):
-        wall = batch(options.runs, jobs, options.latency)
-        ideal = options.runs * options.latency / jobs
-        print(
-            f"jobs {jobs:2}: wall {wall:7.2f} s, ideal {ideal:6.2f} s, ratio {wall / ideal:5.2f}"
-            + (
-                "   goal <= 1.10 " + ("ok" if wall / ideal <= 1.1 else "MISSED")
-                if jobs == 16
-                else ""
-            ),
-            flush=True,
-        )
-    for runs in (1000, 5000):
-        print(
-            f"peak memory, {runs:5} runs: {peak_rss_mb(runs, options.latency):7.1f} MB", flush=True
-        )
+    runs, latency = options.runs, options.latency
+    started = time.perf_counter()
+    load_litellm()
+    print(f"litellm import: {time.perf_counter() - started:.1f} s (start-up, not counted below)")
+    print(f"litellm's own CPU per call: {litellm_cpu_ms():.2f} ms", flush=True)
+    print(f"{runs} runs, {latency * 1000:.0f} ms per model call; ratio: wall / (model time / jobs)")
+    for jobs, times in ((1, 1), (4, 1), (16, 5)):
+        values = ratios(batch, runs, jobs, latency, times)
+        goal = "ok" if statistics.median(values) <= 1.1 else "MISSED"
+        line = f"jobs {jobs:2}: ratio {shown(values)}"
+        print(line + (f"   goal <= 1.10 {goal}" if jobs == 16 else ""), flush=True)
+    print("jobs 16, mm-batch against the floor (bare litellm from 16 threads), median of 3:")
+    for each in (latency, 2 * latency, 4 * latency):
+        ours = shown(ratios(batch, runs, 16, each, 3))
+        floor = shown(ratios(bare_litellm, runs, 16, each, 3))
+        print(f"  {each * 1000:4.0f} ms per call: mm-batch {ours}, floor {floor}", flush=True)
+    for count in (1000, 5000):
+        print(f"peak memory, {count:5} runs: {peak_rss_mb(count, latency):7.1f} MB", flush=True)
     return 0
 
 

@@ -7,8 +7,10 @@ deterministic. Useful to test a pipeline offline, without any model.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -89,6 +91,7 @@ class FakeOpenAI:
         self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -104,11 +107,28 @@ class FakeOpenAI:
     def __exit__(self, *_: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:  # kept-alive connections would otherwise go on being served
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # connections kept alive, as real providers do
+            disable_nagle_algorithm = True  # else headers and body wait on each other's ACK
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with fake._lock:
+                    fake._connections.discard(self.connection)
+                super().finish()
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 try:
