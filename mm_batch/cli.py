@@ -183,7 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             click.echo(str(problem), err=True)
         click.echo(f"mm-batch: {len(exc.problems)} configuration error(s); nothing ran", err=True)
         return EXIT_USAGE
-    except (PlanError, LocalModelError) as exc:
+    except PlanError as exc:
+        click.echo(f"mm-batch: {exc}; {exc.consequence}", err=True)
+        return EXIT_USAGE
+    except LocalModelError as exc:
         click.echo(f"mm-batch: {exc}; nothing ran", err=True)
         return EXIT_USAGE
     except click.exceptions.Exit as exc:

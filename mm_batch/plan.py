@@ -17,6 +17,8 @@ LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}
 class PlanError(Exception):
     """A usage error found while planning (a filter that matches nothing, a bad shard)."""
 
+    consequence = "nothing ran"
+
 
 @dataclass(frozen=True)
 class Overrides:

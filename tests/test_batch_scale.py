@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import xmlschema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from junitparser import JUnitXml
@@ -25,7 +26,7 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.conftest import CliResult, model_args, read_calls
+from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls
 from tests.test_end_to_end import GOOD, RELEASE_EN, STATUS_EN
 
 Cli = Callable[..., CliResult]
@@ -108,6 +109,35 @@ def test_merge_of_shards_equals_one_unsharded_run(
     again = cli("merge", shards[0], shards[0], "--out", tmp_path / "bad")
     assert again.code == 2 and "shards must not overlap" in again.err
     assert cli("merge", release_example, "--out", tmp_path / "bad").code == 2
+    # A torn record (a shard killed mid-write) is named by file and line, never copied on.
+    calls = shards[1] / "calls.jsonl"
+    lines = calls.read_text().count("\n")
+    with calls.open("a") as handle:
+        handle.write('{"ts": "2026-')
+    torn = cli("merge", *shards, "--out", tmp_path / "bad")
+    assert torn.code == 2
+    assert f"{calls}:{lines + 1}: not a JSON record" in torn.err
+    assert torn.err.rstrip().endswith("nothing merged")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_an_empty_shard_passes_with_empty_reports_and_merges(
+    cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
+) -> None:
+    fake = fake_model(by_prompt(GOOD))
+    tasks = release_example / "tasks.yaml"
+    empty = cli("run", tasks, *model_args(fake), "--shard", "7/7", "--out", tmp_path / "empty")
+    assert empty.code == 0, empty.err
+    assert _cases(tmp_path / "empty") == set()
+    if JUNIT_XSD.exists():
+        xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(tmp_path / "empty" / "junit.xml"))
+    assert fake.requests == []
+    rest = [tmp_path / f"shard{k}" for k in range(1, 7)]
+    for k, out in enumerate(rest, 1):
+        cli("run", tasks, *model_args(fake), "--shard", f"{k}/7", "--out", out)
+    merged = cli("merge", tmp_path / "empty", *rest, "--out", tmp_path / "merged")
+    assert merged.code == 0, merged.err
+    assert len(_cases(tmp_path / "merged")) == 6
 
 
 def test_a_429_storm_is_ridden_out_with_shared_backoff(

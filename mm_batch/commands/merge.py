@@ -30,16 +30,22 @@ from mm_batch.report.summary import (
 from mm_batch.run.task_run import RunResult
 
 
+class MergeError(PlanError):
+    """A folder that cannot be merged: missing, damaged or overlapping results."""
+
+    consequence = "nothing merged"
+
+
 def _read_summary(directory: Path) -> dict[str, Any]:
     for name in (CALLS, JUNIT, SUMMARY_JSON):
         if not (directory / name).is_file():
-            raise PlanError(f"{directory}: no {name} here: not an mm-batch results folder")
+            raise MergeError(f"{directory}: no {name} here: not an mm-batch results folder")
     try:
         data = json.loads((directory / SUMMARY_JSON).read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise PlanError(f"{directory / SUMMARY_JSON}: not valid JSON ({exc})") from None
+        raise MergeError(f"{directory / SUMMARY_JSON}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        raise PlanError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
+        raise MergeError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
     return data
 
 
@@ -49,7 +55,7 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult
     for directory, data in summaries:
         for run in data["runs"]:
             if run["run"] in seen:
-                raise PlanError(
+                raise MergeError(
                     f"run {run['run']} is in both {seen[run['run']]} and {directory}: "
                     "shards must not overlap"
                 )
@@ -71,6 +77,24 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult
     return results
 
 
+def _merge_calls(directories: Sequence[Path]) -> str:
+    """The shards' records, one JSON object a line; a line that is not one is named, not copied."""
+    lines: list[str] = []
+    for directory in directories:
+        path = directory / CALLS
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise MergeError(f"{path}:{number}: not a JSON record ({exc})") from None
+            if not isinstance(record, dict):
+                raise MergeError(f"{path}:{number}: not a JSON object")
+            lines.append(line + "\n")
+    return "".join(lines)
+
+
 def _merge_junit(directories: Sequence[Path]) -> str:
     root = ET.Element("testsuites")
     suites: dict[str, ET.Element] = {}
@@ -78,7 +102,7 @@ def _merge_junit(directories: Sequence[Path]) -> str:
         try:
             tree = ET.parse(directory / JUNIT)
         except ET.ParseError as exc:
-            raise PlanError(f"{directory / JUNIT}: not valid XML ({exc})") from None
+            raise MergeError(f"{directory / JUNIT}: not valid XML ({exc})") from None
         for suite in tree.getroot().iter("testsuite"):
             name = suite.get("name", "")
             if name not in suites:
@@ -117,13 +141,13 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
     rates = {float(data.get("min_pass_rate", 1.0)) for _, data in summaries}
     suites = {str(data.get("suite", "")) for _, data in summaries}
     if len(rates) > 1 or len(suites) > 1:
-        raise PlanError(
+        raise MergeError(
             "the folders come from different tasks files or min_pass_rate: "
             f"suites {sorted(suites)}, min_pass_rate {sorted(rates)}"
         )
     results = _results(summaries)
     junit = _merge_junit(directories)
-    calls = "".join((d / CALLS).read_text(encoding="utf-8") for d in directories)
+    calls = _merge_calls(directories)
     (rate,), (suite,) = rates, suites
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
