@@ -108,6 +108,15 @@ def test_the_github_workflow_runs_as_documented(
         ).returncode
 
     run_job, report_job = workflow["jobs"]["run"], workflow["jobs"]["report"]
+    # The install steps are not run here (the suite runs in mm-batch's own virtualenv).
+    installs = [
+        s["run"]
+        for job in (run_job, report_job)
+        for s in job["steps"]
+        if s.get("run", "").startswith("pip install")
+    ]
+    assert installs == ['pip install "$MM_BATCH_PACKAGE"', 'pip install "$MM_BATCH_MERGE_PACKAGE"']
+    assert workflow["env"]["MM_BATCH_MERGE_PACKAGE"] == "."  # mm-batch itself, no extra
     for shard in run_job["strategy"]["matrix"]["shard"]:
         for step in _steps(run_job):
             assert sh(step.replace("${{ matrix.shard }}", str(shard))) == 0, step
