@@ -81,7 +81,8 @@ def run_batch(
                     slot.result = result
                     done += 1
                     on_result(result)
-                finished.notify_all()
+                if done == len(slots) or cancel.is_set():  # what the waiting thread waits for
+                    finished.notify_all()
 
     # Daemon threads: an interrupted batch must not wait for a model call still in flight.
     workers = [
