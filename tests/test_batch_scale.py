@@ -230,6 +230,22 @@ def test_github_actions_annotations_and_step_summary(
     # The answer reached the report, not the workflow: every line of stderr is ours.
     assert all(not line.startswith("::") for line in result.err.splitlines())
 
+    # A step summary that cannot be written is said in one line; verdict and reports stand.
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "missing" / "summary.md"))
+    again = cli(
+        "run",
+        release_example / "tasks.yaml",
+        *model_args(fake),
+        "--filter",
+        "release-en",
+        "--out",
+        tmp_path / "again",
+    )
+    assert again.code == 1
+    assert "summary.md not appended to GITHUB_STEP_SUMMARY" in again.err
+    assert "Traceback" not in again.err
+    assert (tmp_path / "again" / "junit.xml").is_file()
+
 
 def test_workflow_command_escaping() -> None:
     assert escape_data("a%b\r\nc") == "a%25b%0D%0Ac"

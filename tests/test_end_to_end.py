@@ -469,6 +469,17 @@ def test_usage_errors_exit_2(cli: Cli, release_example: Path, tmp_path: Path) ->
     assert result.code == 2 and "--filter 'nothing-*' matches no task id" in result.err
     assert cli("run", release_example / "tasks.yaml", "--shard", "3/2").code == 2
     assert cli("run", tmp_path / "missing.yaml").code == 2
+    # An --out that cannot hold results is said before anything runs, and creates nothing.
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "results"
+    result = cli("run", release_example / "tasks.yaml", "--model", "x/y", "--out", out)
+    assert result.code == 2
+    assert result.err.endswith(
+        f"--out {out}: results cannot be written there (Not a directory); nothing ran\n"
+    )
+    fresh = tmp_path / "new" / "results"
+    assert cli("merge", tmp_path, "--out", fresh).code == 2  # not results: nothing created
+    assert not (tmp_path / "new").exists()
 
 
 def test_output_is_cut_for_the_model_and_bounded_in_the_log(

@@ -17,6 +17,7 @@ from mm_batch.report.files import (
     SUMMARY_JSON,
     SUMMARY_MD,
     clear_outputs,
+    unwritable,
     write_atomic,
 )
 from mm_batch.report.summary import (
@@ -152,6 +153,9 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))
+    problem = unwritable(out_dir)
+    if problem is not None:
+        raise MergeError(problem)
     clear_outputs(out_dir)
     write_atomic(out_dir / CALLS, calls)
     write_atomic(out_dir / JUNIT, junit)

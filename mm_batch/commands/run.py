@@ -28,6 +28,7 @@ from mm_batch.report.files import (
     SUMMARY_JSON,
     SUMMARY_MD,
     clear_outputs,
+    unwritable,
     write_atomic,
 )
 from mm_batch.report.junit import junit_xml
@@ -98,6 +99,9 @@ def run(
     tasks_file = load_tasks(tasks_path)
     plan = make_plan(tasks_file, overrides)
     _check_supported(plan)
+    problem = unwritable(out_dir)  # before any server starts or any result is replaced
+    if problem is not None:
+        raise PlanError(problem)
     masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
     cancel = threading.Event()
     received: list[int] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +27,21 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why results cannot be written in `directory`, or None if they can; creates nothing."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the folder that `mkdir(parents=True)` would create in
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"--out {directory}: results cannot be written there ({exc.strerror or exc})"
+    return None
 
 
 def clear_outputs(directory: Path) -> None:
