@@ -58,6 +58,14 @@ class Plan:
     jobs: int
     repeat: int
     min_pass_rate: float
+    shard: tuple[int, int] | None = None
+    whole_runs: int = 0  # runs of the whole plan, every shard together
+
+    @property
+    def coverage(self) -> dict[str, Any]:
+        """Which part of the whole plan these runs are: what `merge` checks for completeness."""
+        shard = f"{self.shard[0]}/{self.shard[1]}" if self.shard else None
+        return {"shard": shard, "whole_runs": self.whole_runs}
 
     @property
     def suite(self) -> str:
@@ -117,6 +125,7 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
                 model_options = {**LOCAL_MODEL_DEFAULTS, **options}
             for n in range(1, repeat + 1):
                 runs.append(RunSpec(task, model, n, model_options, yolo, sandbox))
+    whole_runs = len(runs)
     if overrides.shard is not None:
         k, n = overrides.shard
         runs = [r for i, r in enumerate(runs) if i % n == k - 1]
@@ -126,4 +135,6 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
         jobs=overrides.jobs or tasks_file.jobs,
         repeat=repeat,
         min_pass_rate=tasks_file.min_pass_rate,
+        shard=overrides.shard,
+        whole_runs=whole_runs,
     )

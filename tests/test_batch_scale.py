@@ -103,6 +103,17 @@ def test_merge_of_shards_equals_one_unsharded_run(
 
     assert verdicts(summary["merged"]) == verdicts(summary["whole"])
     assert summary["merged"]["exit_code"] == summary["whole"]["exit_code"] == 1
+    assert summary["merged"]["plan"] == summary["whole"]["plan"]
+    assert summary["whole"]["plan"] == {"shard": None, "whole_runs": 24}
+    # A shard whose results never arrived (its CI job died) is named; nothing is merged.
+    partial = cli("merge", shards[0], shards[2], "--out", tmp_path / "bad")
+    assert partial.code == 2
+    assert "shard 2/3 missing: its runs would be absent from the merged report" in partial.err
+    other = tmp_path / "other-plan"
+    cli("run", tasks, *args, "--repeat", "1", "--shard", "2/3", "--out", other)
+    mixed = cli("merge", shards[0], other, shards[2], "--out", tmp_path / "bad")
+    assert mixed.code == 2
+    assert "the 3 shards hold 20 runs but were cut from plans of 12, 24" in mixed.err
     runs = {k: sorted({r["run"] for r in read_calls(tmp_path / k)}) for k in ("whole", "merged")}
     assert runs["merged"] == runs["whole"]
     # Overlapping shards, or a folder that holds no results, are refused.
@@ -137,6 +148,9 @@ def test_an_empty_shard_passes_with_empty_reports_and_merges(
         cli("run", tasks, *model_args(fake), "--shard", f"{k}/7", "--out", out)
     merged = cli("merge", tmp_path / "empty", *rest, "--out", tmp_path / "merged")
     assert merged.code == 0, merged.err
+    twice = cli("merge", tmp_path / "empty", tmp_path / "empty", *rest, "--out", tmp_path / "x")
+    assert twice.code == 2
+    assert f"shard 7/7 is in both {tmp_path / 'empty'} and {tmp_path / 'empty'}" in twice.err
     assert len(_cases(tmp_path / "merged")) == 6
 
 
@@ -229,7 +243,6 @@ def test_github_actions_annotations_and_step_summary(
     assert summary.read_text().startswith("## mm-batch: tasks")
     # The answer reached the report, not the workflow: every line of stderr is ours.
     assert all(not line.startswith("::") for line in result.err.splitlines())
-
     # A step summary that cannot be written is said in one line; verdict and reports stand.
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "missing" / "summary.md"))
     again = cli(

@@ -70,6 +70,13 @@ def test_every_mm_batch_command_they_use_exists(path: str) -> None:
             assert option in _options(command), f"{path}: mm-batch {command} has no {option}"
 
 
+def run_step(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A `run:` step as GitHub's runner runs it (bash -e)."""
+    return subprocess.run(
+        ["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, check=False
+    )
+
+
 def _steps(job: dict[str, Any]) -> list[str]:
     return [s["run"] for s in job["steps"] if "run" in s and not s["run"].startswith("pip install")]
 
@@ -103,9 +110,7 @@ def test_the_github_workflow_runs_as_documented(
     env.pop("GITHUB_ACTIONS", None)
 
     def sh(script: str) -> int:
-        return subprocess.run(
-            ["bash", "-e", "-c", script], cwd=repo, env=env, capture_output=True, check=False
-        ).returncode
+        return run_step(script, repo, env).returncode
 
     run_job, report_job = workflow["jobs"]["run"], workflow["jobs"]["report"]
     # The install steps are not run here (the suite runs in mm-batch's own virtualenv).
@@ -133,3 +138,13 @@ def test_the_github_workflow_runs_as_documented(
         "summary.md",
     ]
     assert "| hosted_vllm/fake | 5/6 |" in (tmp_path / "sum.md").read_text()
+    # A shard that cannot run (a configuration error, exit 2) fails its own job; the report job
+    # then names the shard whose results are missing rather than publish a partial report.
+    shard_step = _steps(run_job)[0].replace("${{ matrix.shard }}", "2")
+    broken = run_step(shard_step, repo, {**env, "MM_BATCH_TASKS": "missing.yaml"})
+    assert broken.returncode == 2, broken.stderr
+    shutil.rmtree(repo / "shards" / "mm-batch-shard-2")
+    merge_step = next(s for s in _steps(report_job) if s.startswith("mm-batch merge"))
+    merged_without = run_step(merge_step, repo, env)
+    assert merged_without.returncode == 2
+    assert "shard 2/4 missing: its runs would be absent" in merged_without.stderr

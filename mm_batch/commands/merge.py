@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,8 @@ from mm_batch.report.summary import (
 )
 from mm_batch.run.task_run import RunResult
 
+_RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s"}
+
 
 class MergeError(PlanError):
     """A folder that cannot be merged: missing, damaged or overlapping results."""
@@ -45,7 +48,12 @@ def _read_summary(directory: Path) -> dict[str, Any]:
         data = json.loads((directory / SUMMARY_JSON).read_text(encoding="utf-8"))
     except ValueError as exc:
         raise MergeError(f"{directory / SUMMARY_JSON}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("runs"), list)
+        or not all(isinstance(r, dict) and r.keys() >= _RUN_KEYS for r in data["runs"])
+        or not isinstance(data.get("plan", {}), dict)
+    ):
         raise MergeError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
     return data
 
@@ -76,6 +84,39 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult
                 )
             )
     return results
+
+
+def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """Every shard of a plan must be there: a missing one would drop its runs unseen."""
+    shards: dict[int, dict[int, tuple[Path, dict[str, Any]]]] = {}
+    for directory, data in summaries:
+        shard = (data.get("plan") or {}).get("shard")
+        if shard is None:  # an unsharded run, a merge, or results of an older mm-batch
+            continue
+        match = re.fullmatch(r"(\d+)/(\d+)", str(shard))
+        if match is None:
+            raise MergeError(f"{directory / SUMMARY_JSON}: plan.shard is not K/N: {shard!r}")
+        k, n = int(match[1]), int(match[2])
+        if k in shards.setdefault(n, {}):
+            raise MergeError(
+                f"shard {k}/{n} is in both {shards[n][k][0]} and {directory}: "
+                "shards must not overlap"
+            )
+        shards[n][k] = (directory, data)
+    for n, parts in sorted(shards.items()):
+        missing = [f"{k}/{n}" for k in range(1, n + 1) if k not in parts]
+        if missing:
+            raise MergeError(
+                f"shard {', '.join(missing)} missing: its runs would be absent from the merged "
+                "report; merge the results folder of every shard"
+            )
+        planned = {data["plan"].get("whole_runs") for _, data in parts.values()}
+        found = sum(len(data["runs"]) for _, data in parts.values())
+        if planned != {found}:
+            raise MergeError(
+                f"the {n} shards hold {found} runs but were cut from plans of "
+                f"{', '.join(map(str, sorted(planned, key=str)))}: they come from different runs"
+            )
 
 
 def _merge_calls(directories: Sequence[Path]) -> str:
@@ -146,6 +187,7 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
             "the folders come from different tasks files or min_pass_rate: "
             f"suites {sorted(suites)}, min_pass_rate {sorted(rates)}"
         )
+    _check_complete(summaries)
     results = _results(summaries)
     junit = _merge_junit(directories)
     calls = _merge_calls(directories)
@@ -153,13 +195,16 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))
+    coverage = {"shard": None, "whole_runs": len(results)}
     problem = unwritable(out_dir)
     if problem is not None:
         raise MergeError(problem)
     clear_outputs(out_dir)
     write_atomic(out_dir / CALLS, calls)
     write_atomic(out_dir / JUNIT, junit)
-    write_atomic(out_dir / SUMMARY_JSON, summary_json(suite, rate, results, provenance, code))
+    write_atomic(
+        out_dir / SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage)
+    )
     write_atomic(out_dir / SUMMARY_MD, summary_markdown(suite, results))
     click.echo(terminal_table(results), err=True)
     click.echo(

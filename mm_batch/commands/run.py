@@ -131,7 +131,9 @@ def run(
     write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))
     write_atomic(
         out_dir / SUMMARY_JSON,
-        masker.text(summary_json(plan.suite, plan.min_pass_rate, results, facts, code)),
+        masker.text(
+            summary_json(plan.suite, plan.min_pass_rate, results, facts, code, plan.coverage)
+        ),
     )
     summary_md = masker.text(summary_markdown(plan.suite, results))
     write_atomic(out_dir / SUMMARY_MD, summary_md)

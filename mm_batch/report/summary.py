@@ -98,11 +98,13 @@ def summary_json(
     results: Sequence[RunResult],
     provenance: Mapping[str, Any],
     code: int,
+    coverage: Mapping[str, Any],
 ) -> str:
     verdicts = task_verdicts(results, min_pass_rate)
     data = {
         "suite": suite,
         "provenance": dict(provenance),
+        "plan": dict(coverage),
         "min_pass_rate": min_pass_rate,
         "exit_code": code,
         "models": [
