@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from mm_batch.run.task_run import RunResult
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     HttpFailure,
-    Script,
     by_prompt,
     text,
     tool_call,
@@ -30,7 +30,7 @@ from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls
 from tests.test_end_to_end import GOOD, RELEASE_EN, STATUS_EN
 
 Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+Fake = Callable[..., FakeOpenAI]  # (script, latency_s=0.0)
 AGENT = AgentConfig(path=Path("/nowhere/agent.yaml"), sha256="", tools=())
 
 
@@ -176,6 +176,33 @@ def test_a_429_storm_is_ridden_out_with_shared_backoff(
     assert result.code == 0, result.err
     tasks = [r for r in read_calls(out) if r["kind"] == "task"]
     assert len(tasks) == 6 and {t["status"] for t in tasks} == {"passed"}
+
+
+def test_one_429_pauses_every_run_of_that_model(
+    cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
+) -> None:
+    answered: list[float] = []  # when the fake answered each request
+    lock = threading.Lock()
+    good = by_prompt(GOOD)
+
+    def once(request: dict[str, Any]) -> Any:
+        with lock:
+            answered.append(time.monotonic())
+            if len(answered) == 1:
+                return HttpFailure(429, "slow down")
+        return good(request)
+
+    fake = fake_model(once, 0.1)
+    out = tmp_path / "out"
+    args = ("--repeat", "2", "--jobs", "4", "--out", out)
+    result = cli("run", release_example / "tasks.yaml", *model_args(fake), *args)
+    assert result.code == 0, result.err
+    assert len(answered) == 1 + 12 * 2  # the refused call was made again; nothing else was
+    # The 429 pauses that model for at least 1 s. Requests already on their way when it came
+    # are answered within 0.3 s of it (0.1 s of latency each); if the other three runs went on
+    # alone, theirs would come every 0.1 s or so. They wait: nothing in the rest of the pause.
+    during_pause = [t - answered[0] for t in answered[1:] if 0.3 < t - answered[0] < 1.0]
+    assert during_pause == []
 
 
 def test_a_provider_that_goes_down_mid_batch_loses_nothing(
