@@ -58,8 +58,8 @@ class Plan:
     jobs: int
     repeat: int
     min_pass_rate: float
-    shard: tuple[int, int] | None = None
-    whole_runs: int = 0  # runs of the whole plan, every shard together
+    shard: tuple[int, int] | None
+    whole_runs: int  # runs of the whole plan, every shard together
 
     @property
     def coverage(self) -> dict[str, Any]:
