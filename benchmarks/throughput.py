@@ -13,7 +13,7 @@ The latency stands for the model's time per call. The default, 200 ms, is shorte
 model's measured here (the packaged 0.5B model takes 1-2 s a turn): the ratio then shows what
 the batch adds around the model. Much shorter latencies measure litellm instead: each call
 costs it a few ms of CPU under one interpreter lock, and at 50 ms with 16 jobs that alone
-keeps the floor near 1.3, with or without mm-batch around it.
+keeps the floor near 1.4, with or without mm-batch around it.
 
 Run: python benchmarks/throughput.py [--latency 0.2] [--runs 500]
 """
