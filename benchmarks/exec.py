@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mm_batch.config.model import SandboxSpec
-from mm_batch.run.docker_sandbox import DockerSandbox, connect
+from mm_batch.effects.docker import DockerSandbox, connect
 
 
 def timed(action: Callable[[], object]) -> float:

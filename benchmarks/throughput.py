@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mm_batch.cli import main as mm_batch
-from mm_batch.run.model_client import load_litellm
+from mm_batch.effects.litellm import load_litellm
 
 
 def tasks_file(directory: Path, runs: int) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,9 +15,9 @@ from typing import Any, TypeVar
 import click
 
 from mm_batch import __version__
+from mm_batch.errors import ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
-EXIT_USAGE = 2
 
 _EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -171,10 +172,12 @@ def models() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: each known error becomes a clear message and an exit code, no traceback."""
+    """Entry point: each known error becomes a clear message and an exit code, no traceback.
+
+    Anything else is a bug of mm-batch: its traceback is shown and the exit code is 4, never 1,
+    which CI reads as "a task failed".
+    """
     from mm_batch.config.problems import ConfigError
-    from mm_batch.plan import PlanError
-    from mm_batch.run.local_models import LocalModelError
 
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
@@ -182,21 +185,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             click.echo(str(problem), err=True)
         click.echo(f"mm-batch: {len(exc.problems)} configuration error(s); nothing ran", err=True)
-        return EXIT_USAGE
-    except PlanError as exc:
+        return ExitCode.USAGE
+    except UsageError as exc:
         click.echo(f"mm-batch: {exc}; {exc.consequence}", err=True)
-        return EXIT_USAGE
-    except LocalModelError as exc:
-        click.echo(f"mm-batch: {exc}; nothing ran", err=True)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except click.Abort:
         click.echo("mm-batch: aborted", err=True)
-        return 130
+        return ExitCode.INTERRUPTED
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
+        if exc.code is None:
+            return ExitCode.PASSED
+        return exc.code if isinstance(exc.code, int) else ExitCode.BUG
+    except Exception:
+        traceback.print_exc()
+        click.echo("mm-batch: internal error (a bug of mm-batch; please report it)", err=True)
+        return ExitCode.BUG
+    return ExitCode.PASSED

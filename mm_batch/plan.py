@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mm_batch.errors import UsageError
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
-from mm_batch.config.model import DEFAULT_MODEL, SandboxKind, SandboxSpec, TasksFile, TaskSpec
+from mm_batch.config.model import DEFAULT_MODEL, OWN_MODEL_OPTIONS, SandboxKind, SandboxSpec, TasksFile, TaskSpec
 
 # Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
 LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}
 
 
-class PlanError(Exception):
+class PlanError(UsageError):
     """A usage error found while planning (a filter that matches nothing, a bad shard)."""
-
-    consequence = "nothing ran"
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,18 @@ class Overrides:
     shard: tuple[int, int] | None = None
 
 
+DEFAULT_MODEL_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """mm-batch's own model options, typed once at plan time and never passed to litellm."""
+
+    max_parallel: int | None = None
+    recover_text_tool_calls: bool = False
+    timeout: float = DEFAULT_MODEL_TIMEOUT_S  # seconds for one model call
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One task run: a task, on a model, for the n-th time."""
@@ -42,9 +54,10 @@ class RunSpec:
     task: TaskSpec
     model: str
     repeat: int
-    model_options: Mapping[str, Any]
+    model_options: Mapping[str, Any]  # what litellm gets: mm-batch's own keys taken out
     yolo: bool
     sandbox: SandboxSpec
+    settings: ModelSettings = ModelSettings()
 
     @property
     def run_id(self) -> str:
@@ -81,8 +94,8 @@ class Plan:
         """Each model's `max_parallel` (the smallest given for it), for the models that set one."""
         limits: dict[str, int] = {}
         for run in self.runs:
-            value = run.model_options.get("max_parallel")
-            if isinstance(value, int) and value >= 1:
+            value = run.settings.max_parallel
+            if value is not None:
                 limits[run.model] = min(limits.get(run.model, value), value)
         return limits
 
@@ -96,6 +109,27 @@ def parse_shard(text: str) -> tuple[int, int]:
     if n < 1 or not 1 <= k <= n:
         raise PlanError(f"--shard K/N needs 1 <= K <= N, got '{text}'")
     return k, n
+
+
+def _model_settings(model: str, options: Mapping[str, Any]) -> ModelSettings:
+    """Read mm-batch's own keys (the files were checked at load; `--model-option` is not)."""
+    max_parallel = options.get("max_parallel")
+    if max_parallel is not None and (
+        not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1
+    ):
+        raise PlanError(f"model option max_parallel must be a whole number >= 1, got {max_parallel!r}")
+    recover = options.get("recover_text_tool_calls", model.startswith(LOCAL_PREFIX))
+    if not isinstance(recover, bool):
+        raise PlanError(f"model option recover_text_tool_calls must be true or false, got {recover!r}")
+    timeout = options.get("timeout", DEFAULT_MODEL_TIMEOUT_S)
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise PlanError(f"model option timeout must be a number of seconds > 0, got {timeout!r}")
+    return ModelSettings(max_parallel, recover, float(timeout))
 
 
 def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
@@ -123,8 +157,10 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
                     known = ", ".join(LOCAL_PREFIX + name for name in CATALOG)
                     raise PlanError(f"unknown local model '{model}' (known: {known})")
                 model_options = {**LOCAL_MODEL_DEFAULTS, **options}
+            settings = _model_settings(model, model_options)
+            passed_on = {k: v for k, v in model_options.items() if k not in OWN_MODEL_OPTIONS}
             for n in range(1, repeat + 1):
-                runs.append(RunSpec(task, model, n, model_options, yolo, sandbox))
+                runs.append(RunSpec(task, model, n, passed_on, yolo, sandbox, settings))
     whole_runs = len(runs)
     if overrides.shard is not None:
         k, n = overrides.shard

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mm_batch.run.executor import SandboxError
+from mm_batch.run.ports import SandboxError
 
 TEST_IMAGE = "mm-batch/sandbox:tiny"
 BASE_IMAGE = "mm-batch/sandbox:base"
@@ -24,7 +24,7 @@ def _unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def docker_client() -> Iterator[Any]:
-    from mm_batch.run.docker_sandbox import connect
+    from mm_batch.effects.docker import connect
 
     try:
         client = connect()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import xmlschema
 
-from mm_batch.run.docker_sandbox import LABEL, LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_RUN
+from mm_batch.effects.docker import LABEL, LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_RUN
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
 from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, run_until_marker, write
 from tests.docker_support import BASE_IMAGE, TEST_IMAGE, containers_of, require_image
@@ -218,7 +218,7 @@ def _labelled(client: Any, run: str, pid: int, start: str) -> Any:
 def test_orphans_of_a_killed_run_are_removed_but_never_a_live_runs(
     docker_client: Any, cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
 ) -> None:
-    from mm_batch.run.docker_sandbox import _process_start
+    from mm_batch.effects.docker import _process_start
 
     dead = subprocess.Popen(["true"])
     dead.wait()

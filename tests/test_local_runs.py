@@ -16,7 +16,7 @@ import xmlschema
 from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.plan import Overrides, make_plan
-from mm_batch.run.local_models import server_binary, status
+from mm_batch.effects.gguf import server_binary, status
 from tests.conftest import EXAMPLE, JUNIT_XSD, CliResult, write
 
 LIVE_MODEL = "local/qwen2.5-coder-0.5b"
@@ -54,7 +54,7 @@ def test_missing_extra_says_what_to_do(
     cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The extra cannot be uninstalled from under the test run: its absence is simulated here.
-    monkeypatch.setattr("mm_batch.run.local_server.server_binary", lambda: None)
+    monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: None)
     result = cli("run", EXAMPLE / "tasks.yaml", "--model", LIVE_MODEL, "--out", tmp_path / "out")
     assert result.code == 2
     assert result.err.splitlines()[-1] == (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,16 +13,13 @@ import click
 from mm_batch.config.local_catalog import local_model
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
-from mm_batch.run.executor import Executor, HostExecutor, SandboxError
-from mm_batch.run.local_models import ensure_gguf
-from mm_batch.run.local_server import LlamaServer, ServerError
-from mm_batch.run.model_client import (
-    LiteLLMClient,
-    ModelClient,
-    ModelError,
-    ModelReply,
-    load_litellm,
-)
+from mm_batch.run.ports import Executor, SandboxError
+from mm_batch.effects.host import HostExecutor
+from mm_batch.effects.gguf import ensure_gguf
+from mm_batch.effects.mcp import McpHttpClient
+from mm_batch.effects.llama import LlamaServer, ServerError
+from mm_batch.effects.litellm import LiteLLMClient, load_litellm
+from mm_batch.run.ports import ModelClient, ModelError, ModelReply
 
 
 class _DockerSandboxes:
@@ -34,7 +32,7 @@ class _DockerSandboxes:
         self._live: set[Any] = set()
 
     def _connect(self) -> Any:
-        from mm_batch.run.docker_sandbox import connect, remove_orphans
+        from mm_batch.effects.docker import connect, remove_orphans
 
         with self._lock:
             if self._failure is not None:
@@ -49,7 +47,7 @@ class _DockerSandboxes:
             return self._client
 
     def open(self, spec: RunSpec) -> Executor:
-        from mm_batch.run.docker_sandbox import DockerSandbox
+        from mm_batch.effects.docker import DockerSandbox
 
         sandbox = DockerSandbox(
             self._connect(), spec.sandbox, spec.task.agent.directory, spec.run_id
@@ -78,6 +76,7 @@ class _Tracked:
         self._owner = owner
         self.where = sandbox.where
         self.execute = sandbox.execute
+        self.protect = sandbox.protect
 
     def close(self) -> None:
         self._sandbox.close()
@@ -116,7 +115,10 @@ class _LocalServers:
             raise ModelError(self.failures[spec.model])
         server = self.servers[spec.model]
         options = {**spec.model_options, "api_base": server.url}
-        return _LocalClient(LiteLLMClient(f"hosted_vllm/{server.model.name}", options), server)
+        client = LiteLLMClient(
+            f"hosted_vllm/{server.model.name}", options, timeout=spec.settings.timeout
+        )
+        return _LocalClient(client, server)
 
     def stop_all(self) -> None:
         for server in self.servers.values():
@@ -155,9 +157,9 @@ def _local_slots(plan: Plan) -> dict[str, int]:
     return {m: max(1, min(n, plan.jobs, limits.get(m, n))) for m, n in counts.items()}
 
 
-def default_effects(plan: Plan) -> Effects:
+def default_effects(plan: Plan, out_dir: Path) -> Effects:
     """litellm clients (one per model and options, local models through their own server);
-    the host executor or a Docker sandbox."""
+    the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out)."""
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
     sandboxes = _DockerSandboxes()
@@ -166,10 +168,12 @@ def default_effects(plan: Plan) -> Effects:
     def client_for(spec: RunSpec) -> ModelClient:
         if spec.model in local.servers:
             return local.client(spec)
-        key = f"{spec.model}\0{sorted(spec.model_options.items())!r}"
+        key = f"{spec.model}\0{sorted(spec.model_options.items())!r}\0{spec.settings.timeout}"
         with lock:
             if key not in clients:
-                clients[key] = LiteLLMClient(spec.model, spec.model_options)
+                clients[key] = LiteLLMClient(
+                    spec.model, spec.model_options, timeout=spec.settings.timeout
+                )
             return clients[key]
 
     def executor_for(spec: RunSpec) -> Executor:
@@ -187,4 +191,4 @@ def default_effects(plan: Plan) -> Effects:
         imported = pool.submit(load_litellm)
         local.start_all()
         imported.result()
-    return Effects(client_for, executor_for, shutdown)
+    return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

@@ -13,7 +13,7 @@ from mm_batch.config.load import load_agent, load_tasks
 from mm_batch.config.model import AgentConfig
 from mm_batch.config.problems import ConfigError, Problem
 from mm_batch.plan import Overrides, make_plan
-from mm_batch.report.summary import EXIT_PASSED
+from mm_batch.errors import ExitCode
 from mm_batch.run.toolbox import Toolbox
 
 
@@ -42,13 +42,13 @@ def validate(path: Path) -> int:
     else:
         agent = agent_or_fail(path)
         click.echo(f"{path}: ok ({len(agent.tools)} declared tool(s))")
-    return EXIT_PASSED
+    return ExitCode.PASSED
 
 
 def tools(path: Path) -> int:
     """Print exactly the tool list the model is sent."""
     click.echo(json.dumps(Toolbox(agent_or_fail(path)).schemas(), indent=2, ensure_ascii=False))
-    return EXIT_PASSED
+    return ExitCode.PASSED
 
 
 def plan(path: Path, overrides: Overrides) -> int:
@@ -59,4 +59,4 @@ def plan(path: Path, overrides: Overrides) -> int:
         mode = "yolo" if run.yolo else "allowlist"
         click.echo(f"{run.run_id}\t{where}\t{mode}")
     click.echo(f"{len(the_plan.runs)} run(s), {the_plan.jobs} in parallel", err=True)
-    return EXIT_PASSED
+    return ExitCode.PASSED

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from mm_batch.errors import ExitCode
 from mm_batch.plan import PlanError
 from mm_batch.report.files import (
     CALLS,
@@ -22,7 +23,6 @@ from mm_batch.report.files import (
     write_atomic,
 )
 from mm_batch.report.summary import (
-    EXIT_PASSED,
     exit_code,
     summary_json,
     summary_markdown,
@@ -212,4 +212,4 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
         f"{out_dir}; as one run it would exit {code}",
         err=True,
     )
-    return EXIT_PASSED
+    return ExitCode.PASSED

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.report.summary import EXIT_PASSED
-from mm_batch.run.local_models import LOCAL_EXTRA_HINT, gguf_path, server_binary, status
+from mm_batch.errors import ExitCode
+from mm_batch.effects.gguf import LOCAL_EXTRA_HINT, gguf_path, server_binary, status
 
 
 def models() -> int:
@@ -26,4 +26,4 @@ def models() -> int:
         )
     binary = server_binary()
     click.echo(f"llama-server: {binary if binary else 'not installed: ' + LOCAL_EXTRA_HINT}")
-    return EXIT_PASSED
+    return ExitCode.PASSED

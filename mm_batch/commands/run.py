@@ -17,7 +17,9 @@ from typing import Any
 import click
 
 from mm_batch import __version__
+from mm_batch.errors import ExitCode
 from mm_batch.commands.effects import default_effects
+from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Overrides, Plan, PlanError, make_plan
@@ -33,7 +35,6 @@ from mm_batch.report.files import (
 )
 from mm_batch.report.junit import junit_xml
 from mm_batch.report.summary import (
-    EXIT_INTERRUPTED,
     exit_code,
     summary_json,
     summary_markdown,
@@ -42,30 +43,11 @@ from mm_batch.report.summary import (
 )
 from mm_batch.report.terminal import Progress, publish_to_github
 from mm_batch.run.batch import Effects, run_batch
-from mm_batch.run.mcp_client import MCP_EXTRA_HINT
-from mm_batch.run.mcp_client import installed as mcp_installed
-from mm_batch.run.model_client import litellm_version
+from mm_batch.effects.mcp import MCP_EXTRA_HINT
+from mm_batch.effects.mcp import installed as mcp_installed
+from mm_batch.effects.litellm import litellm_version
 
 DEFAULT_OUT = Path("mm-batch-results")
-
-
-@contextmanager
-def _cancel_on_signals(cancel: threading.Event, received: list[int]) -> Iterator[None]:
-    """SIGINT and SIGTERM set the cancel event; the reports are still written."""
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        cancel.set()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _check_supported(plan: Plan) -> None:
@@ -111,9 +93,9 @@ def run(
         f"{plan.jobs} in parallel",
         err=True,
     )
-    with _cancel_on_signals(cancel, received):
+    with cancel_on_signals(cancel, received):
         # A missing local extra or model stops here, before any result is replaced.
-        effects = effects or default_effects(plan)
+        effects = effects or default_effects(plan, out_dir)
         try:
             clear_outputs(out_dir)
             recorder = JsonlRecorder(out_dir / CALLS, masker)
@@ -127,7 +109,7 @@ def run(
             # Still under the signal handlers: a second SIGTERM cannot stop the clean-up.
             effects.shutdown()
     verdicts = task_verdicts(results, plan.min_pass_rate)
-    code = EXIT_INTERRUPTED if received else exit_code(verdicts)
+    code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
     write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))
     write_atomic(
         out_dir / SUMMARY_JSON,

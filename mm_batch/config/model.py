@@ -14,6 +14,7 @@ ParamType = Literal["string", "integer", "number", "boolean", "json"]
 Value = str | int | float | bool | list[Any] | dict[str, Any]
 SandboxKind = Literal["host", "docker"]
 NetworkMode = Literal["none", "bridge"]
+WorkspaceMode = Literal["copy", "mount", "readonly"]
 
 PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")  # in files
 RESERVED_TOOL_NAMES = frozenset(
@@ -33,7 +34,7 @@ KNOWN_BUILTINS = ("bash", "read_skill")
 DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"
 DEFAULT_IMAGE = "mm-batch/sandbox:base"
 # Keys of model_options that mm-batch reads itself and never passes on to litellm.
-OWN_MODEL_OPTIONS = frozenset({"max_parallel", "recover_text_tool_calls"})
+OWN_MODEL_OPTIONS = frozenset({"max_parallel", "recover_text_tool_calls", "timeout"})
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ class SandboxSpec:
     pids: int = 256
     memory: str = "1g"
     cpus: float = 1.0
-    user: str = "1000:1000"
+    user: str = "1000:1000"  # always "UID:GID" once loaded ("UID" alone gets GID = UID)
+    workspace: WorkspaceMode = "copy"
+    workspace_size: str = "1g"  # limits.workspace: the copy's tmpfs size (copy only)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mm_batch.errors import ExitCode
 from mm_batch.run.task_run import RunResult
 
-EXIT_PASSED = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_ERROR = 3
-EXIT_INTERRUPTED = 130
 
 
 @dataclass(frozen=True)
@@ -84,12 +80,12 @@ def model_lines(results: Sequence[RunResult]) -> list[ModelLine]:
     ]
 
 
-def exit_code(verdicts: Sequence[TaskVerdict]) -> int:
+def exit_code(verdicts: Sequence[TaskVerdict]) -> ExitCode:
     if any(v.status == "failed" for v in verdicts):
-        return EXIT_FAILED
+        return ExitCode.FAILED
     if any(v.status == "error" for v in verdicts):
-        return EXIT_ERROR
-    return EXIT_PASSED
+        return ExitCode.ERROR
+    return ExitCode.PASSED
 
 
 def summary_json(

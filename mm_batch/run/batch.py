@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
-from mm_batch.run.executor import Executor, SandboxError
-from mm_batch.run.model_client import ModelClient, ModelError
+from mm_batch.run.ports import Executor, HookRunner, McpClient, SandboxError
+from mm_batch.run.ports import ModelClient, ModelError
 from mm_batch.run.records import Recorder, RunRecorder
 from mm_batch.run.task_run import INTERRUPTED, RunResult, TaskRun, error_result
 
@@ -25,6 +25,8 @@ class Effects:
 
     client_for: Callable[[RunSpec], ModelClient]  # may raise ModelError
     executor_for: Callable[[RunSpec], Executor]  # may raise SandboxError
+    hooks: HookRunner  # runs hooks on the host, wherever the tools run
+    mcp: McpClient
     shutdown: Callable[[], None] = lambda: None  # on the way out, whatever happened
 
 
@@ -120,7 +122,9 @@ def _run_one(slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Ev
     except SandboxError as exc:
         return _close_with_error(slot, f"the sandbox is not available: {exc}")
     try:
-        return TaskRun(slot.spec, client, executor, slot.recorder, masker, cancel).run()
+        return TaskRun(
+            slot.spec, client, executor, slot.recorder, masker, cancel, effects.hooks, effects.mcp
+        ).run()
     finally:
         executor.close()
 

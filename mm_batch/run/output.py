@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from mm_batch.run.executor import Captured, ExecResult
+from mm_batch.run.ports import Captured, ExecResult
 
 MODEL_OUTPUT_LIMIT = 16 * 1024
 

@@ -10,13 +10,12 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from mm_batch.config.local_catalog import LOCAL_PREFIX
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
-from mm_batch.run.executor import ExecResult, Executor, HostExecutor
+from mm_batch.run.ports import ExecResult, Executor, HookRunner, McpClient
 from mm_batch.run.judge import Check, judge
-from mm_batch.run.mcp_client import McpError, call_tool, list_tools
-from mm_batch.run.model_client import ModelClient, ModelError, ModelReply, ToolCallRequest
+from mm_batch.run.ports import McpError
+from mm_batch.run.ports import ModelClient, ModelError, ModelReply, ToolCallRequest
 from mm_batch.run.output import decode, echo, model_result
 from mm_batch.run.records import Outcome, RunRecorder, Status
 from mm_batch.run.toolbox import PreparedCall, Toolbox, skills_catalogue
@@ -90,6 +89,8 @@ class TaskRun:
         recorder: RunRecorder,
         masker: Masker,
         cancel: threading.Event,
+        hooks: HookRunner,
+        mcp: McpClient,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -98,7 +99,8 @@ class TaskRun:
         self.masker = masker
         self.cancel = cancel
         self.toolbox = Toolbox(spec.task.agent)
-        self.hooks = HostExecutor()  # hooks run on the host, wherever the tools run
+        self.hooks = hooks  # hooks run on the host, wherever the tools run
+        self.mcp = mcp
         self.tool_records: list[dict[str, Any]] = []
         self.call_lines: list[str] = []
 
@@ -165,7 +167,7 @@ class TaskRun:
     def _open_toolbox(self) -> Toolbox:
         """List the MCP servers' tools; an expected MCP tool no server offers is an error."""
         agent = self.spec.task.agent
-        tools = [t for server in agent.mcp for t in list_tools(server)]
+        tools = [t for server in agent.mcp for t in self.mcp.list_tools(server)]
         toolbox = Toolbox(agent, tools)
         expect = self.spec.task.expect
         if expect is not None:
@@ -227,8 +229,7 @@ class TaskRun:
 
     def _recover_text_calls(self) -> bool:
         """On by default for local models, `model_options.recover_text_tool_calls` for others."""
-        default = self.spec.model.startswith(LOCAL_PREFIX)
-        return bool(self.spec.model_options.get("recover_text_tool_calls", default))
+        return self.spec.settings.recover_text_tool_calls
 
     def _with_text_calls(self, reply: ModelReply) -> ModelReply:
         found = recover_tool_calls(reply.text or "", self.toolbox.names)
@@ -373,7 +374,9 @@ class TaskRun:
         assert prepared.mcp is not None
         server = next(s for s in self.spec.task.agent.mcp if s.name == prepared.mcp.server)
         try:
-            is_error, text = call_tool(server, prepared.mcp.name, dict(prepared.arguments), timeout)
+            is_error, text = self.mcp.call_tool(
+                server, prepared.mcp.name, dict(prepared.arguments), timeout
+            )
         except McpError as exc:
             return "error", str(exc), f"The tool could not be called: {exc}", None
         if is_error:
@@ -445,6 +448,7 @@ class TaskRun:
             "rule": rule,
             "argv": list(prepared.argv) if prepared else None,
             "where": self._where(prepared),
+            "started": result.started if result else outcome == "ran",
             "exit_code": result.exit_code if result else (0 if outcome == "ran" else None),
             "duration_s": round(result.duration_s, 6) if result else None,
             "stdout": decode(result.stdout.data) if result else answer,

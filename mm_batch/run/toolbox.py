@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
-from mm_batch.run.mcp_client import McpTool
+from mm_batch.run.ports import McpTool
 from mm_batch.tools.declared import InvalidCall, ValidCall, model_schema, validate_call
 
 CallKind = Literal["command", "skill", "mcp"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from mm_batch.config.model import SandboxSpec
-from mm_batch.run.docker_sandbox import DockerSandbox
+from mm_batch.effects.docker import DockerSandbox
 from tests.docker_support import TEST_IMAGE, containers_of
 
 pytestmark = pytest.mark.docker

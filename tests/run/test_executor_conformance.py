@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.model import SandboxSpec
-from mm_batch.run.executor import LOG_LIMIT, ExecResult, Executor, HostExecutor
+from mm_batch.effects.host import LOG_LIMIT, HostExecutor
+from mm_batch.run.ports import ExecResult, Executor
 from tests.docker_support import TEST_IMAGE
 
 
@@ -26,7 +27,7 @@ def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ex
     if request.param == "host":
         yield HostExecutor(), agent_dir
         return
-    from mm_batch.run.docker_sandbox import DockerSandbox
+    from mm_batch.effects.docker import DockerSandbox
 
     client = request.getfixturevalue("docker_client")
     spec = SandboxSpec(kind="docker", image=TEST_IMAGE, pids=64, memory="128m")
@@ -128,7 +129,7 @@ def test_where(sandbox: tuple[Executor, Path]) -> None:
 def test_workdir_outside_the_agent_directory_is_an_error_of_the_call(
     docker_client: object, tmp_path: Path
 ) -> None:
-    from mm_batch.run.docker_sandbox import DockerSandbox
+    from mm_batch.effects.docker import DockerSandbox
 
     agent_dir = tmp_path / "agent"
     agent_dir.mkdir()

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mm_batch.run.executor import LOG_LIMIT, ExecResult, HostExecutor, host_environment
+from mm_batch.effects.host import LOG_LIMIT, HostExecutor, host_environment
+
+from mm_batch.run.ports import ExecResult
 
 PY = sys.executable
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.local_catalog import CATALOG, LocalModel, local_model
-from mm_batch.run.local_models import LocalModelError, chunk_files, ensure_gguf, gguf_path, status
+from mm_batch.effects.gguf import LocalModelError, chunk_files, ensure_gguf, gguf_path, status
 
 CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 1000, b"tail"]
 

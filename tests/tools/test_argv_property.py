@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec
-from mm_batch.run.executor import HostExecutor
+from mm_batch.effects.host import HostExecutor
 from mm_batch.tools.declared import MAX_VALUE_BYTES, ValidCall, validate_call
 
 # Anything a JSON string can carry into argv: no NUL (argv cannot hold one), no lone surrogate.

@@ -18,14 +18,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mm_batch.config.model import SandboxSpec
-from mm_batch.run.executor import (
-    KILL_GRACE_S,
-    LOG_LIMIT,
-    Captured,
-    ExecResult,
-    SandboxError,
-    Sink,
-)
+from mm_batch.effects.host import KILL_GRACE_S, LOG_LIMIT, Sink
+from mm_batch.run.ports import EMPTY, ExecResult, SandboxError
 
 WORKSPACE = PurePosixPath("/workspace")
 LABEL = "mm-batch"
@@ -173,6 +167,9 @@ class DockerSandbox:
             except (APIError, DockerException) as exc:
                 raise SandboxError(f"cannot start the container: {_first_line(exc)}") from exc
 
+    def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
+        raise NotImplementedError("pristine copies in the container")
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -204,11 +201,13 @@ class DockerSandbox:
         from docker.errors import APIError, DockerException
 
         started = time.monotonic()
-        empty = Captured(b"", 0)
+        empty = EMPTY
         try:
             container_workdir = self._container_path(workdir)
         except ValueError as exc:
-            return ExecResult(None, empty, empty, time.monotonic() - started, error=str(exc))
+            return ExecResult(
+                None, empty, empty, time.monotonic() - started, error=str(exc), started=False
+            )
         try:
             self.start()
             exec_id = self.client.api.exec_create(

@@ -1,71 +1,27 @@
-"""Executors run one argv command. This module is the only one that spawns processes."""
+"""The host executor: argv commands as processes. This module is the only one that spawns them."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from mm_batch.run.ports import EMPTY, Captured, ExecResult
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
 _ENV_PASSED = ("PATH", "HOME", "LANG", "TZ")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _READ_CHUNK = 65536
-
-
-@dataclass(frozen=True)
-class Captured:
-    """The first bytes a stream carried (at most the limit), and how many it carried in all."""
-
-    data: bytes
-    total: int
-
-    @property
-    def cut(self) -> int:
-        return self.total - len(self.data)
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int | None
-    stdout: Captured
-    stderr: Captured
-    duration_s: float
-    timed_out: bool = False
-    interrupted: bool = False
-    error: str | None = None  # the command could not start, or the sandbox failed
-    sandbox_failed: bool = False  # the run cannot go on: its task run ends as an error
-
-
-class SandboxError(Exception):
-    """The sandbox cannot be used: engine down, image missing, container gone."""
-
-
-class Executor(Protocol):
-    """Runs argv commands somewhere (the host, a container) with one interface."""
-
-    @property
-    def where(self) -> str: ...
-
-    def execute(
-        self,
-        argv: Sequence[str],
-        workdir: Path,
-        env: Mapping[str, str],
-        timeout: float,
-        cancel: threading.Event | None = None,
-    ) -> ExecResult: ...
-
-    def close(self) -> None: ...
 
 
 class Sink:
@@ -112,9 +68,25 @@ class HostExecutor:
 
     def __init__(self, log_limit: int = LOG_LIMIT) -> None:
         self.log_limit = log_limit
+        self._protected: Path | None = None
 
     def close(self) -> None:
-        return None
+        if self._protected is not None:
+            shutil.rmtree(self._protected, ignore_errors=True)
+            self._protected = None
+
+    def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
+        """Copies in a private folder of this executor's (the host is no sandbox: a command that
+        hunts for them could still change them, but nothing in the agent's folder can)."""
+        if self._protected is None:
+            self._protected = Path(tempfile.mkdtemp(prefix="mm-batch-pristine-"))
+        paths: dict[Path, str] = {}
+        for i, (original, content) in enumerate(files.items()):
+            copy = self._protected / f"{i}-{original.name}"
+            copy.write_bytes(content)
+            copy.chmod(0o500)
+            paths[original] = str(copy)
+        return paths
 
     def execute(
         self,
@@ -127,7 +99,7 @@ class HostExecutor:
     ) -> ExecResult:
         """Run argv; `stdin`, when given, is what the command reads (hooks get the call there)."""
         started = time.monotonic()
-        empty = Captured(b"", 0)
+        empty = EMPTY
         source: Any = subprocess.DEVNULL
         if stdin is not None:
             source = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, once the child has it)
@@ -150,13 +122,19 @@ class HostExecutor:
                 message = f"working directory not found: {workdir}"
             else:
                 message = f"program not found: {argv[0]} (looked in {where})"
-            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+            return ExecResult(
+                None, empty, empty, time.monotonic() - started, error=message, started=False
+            )
         except PermissionError:
             message = f"program is not executable: {argv[0]}"
-            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+            return ExecResult(
+                None, empty, empty, time.monotonic() - started, error=message, started=False
+            )
         except OSError as exc:
             message = f"cannot start {argv[0]}: {exc.strerror or exc}"
-            return ExecResult(None, empty, empty, time.monotonic() - started, error=message)
+            return ExecResult(
+                None, empty, empty, time.monotonic() - started, error=message, started=False
+            )
         finally:
             if stdin is not None:
                 source.close()

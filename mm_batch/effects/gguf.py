@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mm_batch.config.local_catalog import LocalModel
+from mm_batch.errors import UsageError
 
 LOCAL_EXTRA_HINT = (
     "pip install 'mm-batch[local]' (on these machines with CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
@@ -20,7 +21,7 @@ LOCAL_EXTRA_HINT = (
 )
 
 
-class LocalModelError(Exception):
+class LocalModelError(UsageError):
     """A local model cannot be served: the extra is missing or the model is corrupt."""
 
 

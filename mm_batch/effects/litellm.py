@@ -8,12 +8,12 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
+from mm_batch.run.ports import ModelError, ModelReply, ToolCallRequest
 
-DEFAULT_MODEL_TIMEOUT_S = 120.0
 MODEL_TRIES = 3
 _TRANSIENT_STATUS = {408, 409, 429}
 _import_lock = threading.Lock()
@@ -36,35 +36,6 @@ class _SharedBackoff:
 
 
 SHARED_BACKOFF = _SharedBackoff()
-
-
-@dataclass(frozen=True)
-class ToolCallRequest:
-    id: str
-    name: str
-    raw_arguments: str | None
-    recovered_from_text: bool = False
-
-
-@dataclass(frozen=True)
-class ModelReply:
-    text: str | None
-    tool_calls: tuple[ToolCallRequest, ...]
-    finish_reason: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    latency_s: float
-    attempts: int = 1
-
-
-class ModelError(Exception):
-    """The model could not give an answer (unreachable after retries, or a refused request)."""
-
-
-class ModelClient(Protocol):
-    def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
-    ) -> ModelReply: ...
 
 
 def litellm_version() -> str:
@@ -121,13 +92,14 @@ class LiteLLMClient:
         model: str,
         options: Mapping[str, Any],
         *,
+        timeout: float = DEFAULT_MODEL_TIMEOUT_S,
         tries: int = MODEL_TRIES,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.model = model
         self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
-        self.timeout = float(self.options.pop("timeout", DEFAULT_MODEL_TIMEOUT_S))
+        self.timeout = timeout
         self.tries = tries
         self.backoff_s = backoff_s
         self._sleep = sleep

@@ -9,29 +9,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mm_batch.config.model import McpServerSpec
+from mm_batch.run.ports import McpError, McpTool
 
 MCP_EXTRA_HINT = "pip install 'mm-batch[mcp]'"
 T = TypeVar("T")
-
-
-class McpError(Exception):
-    """An MCP server could not be reached or did not answer."""
-
-
-@dataclass(frozen=True)
-class McpTool:
-    server: str
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
-    @property
-    def exposed_name(self) -> str:
-        return f"{self.server}_{self.name}"
 
 
 def installed() -> bool:
@@ -96,3 +80,15 @@ def call_tool(
         return bool(result.is_error), "\n".join(parts)
 
     return _run(server, timeout, action)
+
+
+class McpHttpClient:
+    """The `McpClient` of production runs: MCP servers over Streamable HTTP."""
+
+    def list_tools(self, server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]:
+        return list_tools(server, timeout)
+
+    def call_tool(
+        self, server: McpServerSpec, name: str, arguments: dict[str, Any], timeout: float
+    ) -> tuple[bool, str]:
+        return call_tool(server, name, arguments, timeout)

@@ -1,0 +1,1 @@
+"""The effect adapters: one module per thing mm-batch reaches outside itself."""

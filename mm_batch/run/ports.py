@@ -1,0 +1,157 @@
+"""The small protocols a task run talks through, and the plain data that crosses them.
+
+The effect adapters (`mm_batch.effects`: host processes, Docker, litellm, MCP) implement these;
+the run stage imports only this module, so the loop is tested with scripted fakes, not mocks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from mm_batch.config.model import McpServerSpec
+
+# -- commands --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Captured:
+    """The first bytes a stream carried (at most the limit), and how many it carried in all."""
+
+    data: bytes
+    total: int
+
+    @property
+    def cut(self) -> int:
+        return self.total - len(self.data)
+
+
+EMPTY = Captured(b"", 0)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How one argv command went. `started` is true once the program was really started."""
+
+    exit_code: int | None
+    stdout: Captured
+    stderr: Captured
+    duration_s: float
+    timed_out: bool = False
+    interrupted: bool = False
+    error: str | None = None  # the command could not start, or the sandbox failed
+    sandbox_failed: bool = False  # the run cannot go on: its task run ends as an error
+    # Conservative by default: a command is taken as started unless the executor knows better,
+    # so that a negative check (`no_calls`, `times: 0`) can never pass by mistake.
+    started: bool = True
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be used: engine down, image missing, container gone."""
+
+
+class Executor(Protocol):
+    """Runs argv commands somewhere (the host, a container) with one interface."""
+
+    @property
+    def where(self) -> str: ...
+
+    def execute(
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        cancel: threading.Event | None = None,
+    ) -> ExecResult: ...
+
+    def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
+        """Place pristine copies of files read at start (a `check` program) where no command of
+        the run can change them; return, for each, the path that runs the copy there."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HookRunner(Protocol):
+    """Runs a hook on the host with the call as JSON on its stdin."""
+
+    def execute(
+        self,
+        argv: Sequence[str],
+        workdir: Path,
+        env: Mapping[str, str],
+        timeout: float,
+        cancel: threading.Event | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult: ...
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    id: str
+    name: str
+    raw_arguments: str | None
+    recovered_from_text: bool = False
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    text: str | None
+    tool_calls: tuple[ToolCallRequest, ...]
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_s: float
+    attempts: int = 1
+
+
+class ModelError(Exception):
+    """The model could not give an answer (unreachable after retries, or a refused request)."""
+
+
+class ModelDeadlineError(ModelError):
+    """The task's deadline came before the model answered (a call, a retry or its backoff)."""
+
+
+class ModelClient(Protocol):
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
+    ) -> ModelReply:
+        """One model turn; `timeout` is what is left of the task: no retry may outlive it."""
+        ...
+
+
+# -- MCP -------------------------------------------------------------------------------------
+
+
+class McpError(Exception):
+    """An MCP server could not be reached or did not answer."""
+
+
+@dataclass(frozen=True)
+class McpTool:
+    server: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+    @property
+    def exposed_name(self) -> str:
+        return f"{self.server}_{self.name}"
+
+
+class McpClient(Protocol):
+    def list_tools(self, server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]: ...
+
+    def call_tool(
+        self, server: McpServerSpec, name: str, arguments: dict[str, Any], timeout: float
+    ) -> tuple[bool, str]:
+        """(is_error, text of the result)."""
+        ...
