@@ -17,6 +17,6 @@ class ExitCode(enum.IntEnum):
 
 
 class UsageError(Exception):
-    """Something the user gave cannot be used; the message says what, `consequence` what followed."""
+    """What the user gave cannot be used: the message says what, `consequence` what followed."""
 
     consequence = "nothing ran"

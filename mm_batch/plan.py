@@ -10,7 +10,14 @@ from typing import Any
 
 from mm_batch.errors import UsageError
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
-from mm_batch.config.model import DEFAULT_MODEL, OWN_MODEL_OPTIONS, SandboxKind, SandboxSpec, TasksFile, TaskSpec
+from mm_batch.config.model import (
+    DEFAULT_MODEL,
+    OWN_MODEL_OPTIONS,
+    SandboxKind,
+    SandboxSpec,
+    TasksFile,
+    TaskSpec,
+)
 
 # Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
 LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}
@@ -117,10 +124,14 @@ def _model_settings(model: str, options: Mapping[str, Any]) -> ModelSettings:
     if max_parallel is not None and (
         not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1
     ):
-        raise PlanError(f"model option max_parallel must be a whole number >= 1, got {max_parallel!r}")
+        raise PlanError(
+            f"model option max_parallel must be a whole number >= 1, got {max_parallel!r}"
+        )
     recover = options.get("recover_text_tool_calls", model.startswith(LOCAL_PREFIX))
     if not isinstance(recover, bool):
-        raise PlanError(f"model option recover_text_tool_calls must be true or false, got {recover!r}")
+        raise PlanError(
+            f"model option recover_text_tool_calls must be true or false, got {recover!r}"
+        )
     timeout = options.get("timeout", DEFAULT_MODEL_TIMEOUT_S)
     if (
         not isinstance(timeout, int | float)

@@ -18,7 +18,7 @@ from junitparser import JUnitXml
 from mm_batch.config.model import AgentConfig, TasksFile, TaskSpec
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.terminal import Progress, escape_data, github_annotations
-from mm_batch.run.task_run import RunResult
+from mm_batch.run.records import RunResult
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     HttpFailure,

@@ -18,9 +18,8 @@ from mm_batch.report.files import (
     JUNIT,
     SUMMARY_JSON,
     SUMMARY_MD,
-    clear_outputs,
+    ResultsFolder,
     unwritable,
-    write_atomic,
 )
 from mm_batch.report.summary import (
     exit_code,
@@ -29,7 +28,7 @@ from mm_batch.report.summary import (
     task_verdicts,
     terminal_table,
 )
-from mm_batch.run.task_run import RunResult
+from mm_batch.run.records import RunResult
 
 _RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s"}
 
@@ -199,13 +198,15 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
     problem = unwritable(out_dir)
     if problem is not None:
         raise MergeError(problem)
-    clear_outputs(out_dir)
-    write_atomic(out_dir / CALLS, calls)
-    write_atomic(out_dir / JUNIT, junit)
-    write_atomic(
-        out_dir / SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage)
-    )
-    write_atomic(out_dir / SUMMARY_MD, summary_markdown(suite, results))
+    folder = ResultsFolder(out_dir)
+    try:
+        folder.clear()
+        folder.write(CALLS, calls)
+        folder.write(JUNIT, junit)
+        folder.write(SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage))
+        folder.write(SUMMARY_MD, summary_markdown(suite, results))
+    finally:
+        folder.close()
     click.echo(terminal_table(results), err=True)
     click.echo(
         f"mm-batch: {len(results)} run(s) of {len(directories)} folder(s) merged into "

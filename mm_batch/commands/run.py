@@ -7,21 +7,22 @@ import platform
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from mm_batch import __version__
-from mm_batch.errors import ExitCode
 from mm_batch.commands.effects import default_effects
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.secrets import Masker
+from mm_batch.effects.litellm import litellm_version
+from mm_batch.effects.mcp import MCP_EXTRA_HINT
+from mm_batch.effects.mcp import installed as mcp_installed
+from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, Plan, PlanError, make_plan
 from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.files import (
@@ -29,9 +30,8 @@ from mm_batch.report.files import (
     JUNIT,
     SUMMARY_JSON,
     SUMMARY_MD,
-    clear_outputs,
+    ResultsFolder,
     unwritable,
-    write_atomic,
 )
 from mm_batch.report.junit import junit_xml
 from mm_batch.report.summary import (
@@ -43,9 +43,8 @@ from mm_batch.report.summary import (
 )
 from mm_batch.report.terminal import Progress, publish_to_github
 from mm_batch.run.batch import Effects, run_batch
-from mm_batch.effects.mcp import MCP_EXTRA_HINT
-from mm_batch.effects.mcp import installed as mcp_installed
-from mm_batch.effects.litellm import litellm_version
+from mm_batch.run.pristine import Pristine
+from mm_batch.run.records import RunResult
 
 DEFAULT_OUT = Path("mm-batch-results")
 
@@ -54,6 +53,22 @@ def _check_supported(plan: Plan) -> None:
     """Refuse what this installation cannot honour, rather than run without it."""
     if any(run.task.agent.mcp for run in plan.runs) and not mcp_installed():
         raise PlanError(f"the agent uses MCP servers, which need the mcp extra: {MCP_EXTRA_HINT}")
+
+
+def _check_out_dir(plan: Plan, out_dir: Path) -> None:
+    """A results folder inside a read-write mounted workspace could be swapped by a command."""
+    resolved = out_dir.resolve()
+    for run in plan.runs:
+        sandbox = run.sandbox
+        if sandbox.kind != "docker" or sandbox.workspace != "mount":
+            continue
+        mounted = run.task.agent.directory.resolve()
+        if resolved == mounted or mounted in resolved.parents:
+            raise PlanError(
+                f"--out {out_dir} lies inside {display_path(mounted)}, which the sandbox mounts "
+                "read-write (workspace: mount): a command could replace it; write the results "
+                "elsewhere, or use workspace: copy"
+            )
 
 
 def provenance(plan: Plan) -> dict[str, Any]:
@@ -84,47 +99,77 @@ def run(
     problem = unwritable(out_dir)  # before any server starts or any result is replaced
     if problem is not None:
         raise PlanError(problem)
+    _check_out_dir(plan, out_dir)
     masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
     cancel = threading.Event()
     received: list[int] = []
-    facts = provenance(plan)
+    facts = masker.data(provenance(plan))
     click.echo(
         f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
         f"{plan.jobs} in parallel",
         err=True,
     )
+    # Hooks and check programs are read now: nothing a command does later changes what runs.
+    pristine = Pristine.take({r.task.id: r.task for r in plan.runs}.values())
+    # Until the process exits, any further SIGINT or SIGTERM only sets what is set already.
     with cancel_on_signals(cancel, received):
-        # A missing local extra or model stops here, before any result is replaced.
-        effects = effects or default_effects(plan, out_dir)
         try:
-            clear_outputs(out_dir)
-            recorder = JsonlRecorder(out_dir / CALLS, masker)
+            # A missing local extra or model stops here, before any result is replaced.
+            effects = effects or default_effects(plan, out_dir)
+            folder = ResultsFolder(out_dir)
             try:
-                results = run_batch(
-                    plan, effects, recorder, masker, cancel, Progress(len(plan.runs))
-                )
+                folder.clear()
+                recorder = JsonlRecorder(folder.open_log(CALLS))
+                try:
+                    results = run_batch(
+                        plan, effects, recorder, masker, cancel, Progress(len(plan.runs)), pristine
+                    )
+                finally:
+                    recorder.close()
+                    effects.shutdown()
+                verdicts = task_verdicts(results, plan.min_pass_rate)
+                code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
+                summary_md = _write_reports(folder, plan, results, facts, code)
             finally:
-                recorder.close()
+                folder.close()
         finally:
-            # Still under the signal handlers: a second SIGTERM cannot stop the clean-up.
-            effects.shutdown()
-    verdicts = task_verdicts(results, plan.min_pass_rate)
-    code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
-    write_atomic(out_dir / JUNIT, masker.text(junit_xml(plan, results, facts)))
-    write_atomic(
-        out_dir / SUMMARY_JSON,
-        masker.text(
-            summary_json(plan.suite, plan.min_pass_rate, results, facts, code, plan.coverage)
+            pristine.close()
+        publish_to_github(results, summary_md)
+        click.echo(terminal_table(results), err=True)
+        if received:
+            name = signal.Signals(received[0]).name
+            click.echo(f"mm-batch: interrupted by {name}; reports written to {out_dir}", err=True)
+        else:
+            click.echo(f"mm-batch: reports in {out_dir}", err=True)
+        sys.stderr.flush()
+    return ExitCode.INTERRUPTED if received else code
+
+
+def _write_reports(
+    folder: ResultsFolder,
+    plan: Plan,
+    results: Sequence[RunResult],
+    facts: dict[str, Any],
+    code: ExitCode,
+) -> str:
+    """Write every report that can be written; a bug in one does not keep the others back."""
+    summary_md = summary_markdown(plan.suite, results)
+    reports: list[tuple[str, Callable[[], str]]] = [
+        (JUNIT, lambda: junit_xml(plan, results, facts)),
+        (
+            SUMMARY_JSON,
+            lambda: summary_json(
+                plan.suite, plan.min_pass_rate, results, facts, code, plan.coverage
+            ),
         ),
-    )
-    summary_md = masker.text(summary_markdown(plan.suite, results))
-    write_atomic(out_dir / SUMMARY_MD, summary_md)
-    publish_to_github(results, summary_md)
-    click.echo(terminal_table(results), err=True)
-    if received:
-        name = signal.Signals(received[0]).name
-        click.echo(f"mm-batch: interrupted by {name}; reports written to {out_dir}", err=True)
-    else:
-        click.echo(f"mm-batch: reports in {out_dir}", err=True)
-    sys.stderr.flush()
-    return code
+        (SUMMARY_MD, lambda: summary_md),
+    ]
+    failure: BaseException | None = None
+    for name, render in reports:
+        try:
+            folder.write(name, render())
+        except Exception as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure  # a bug of mm-batch: exit 4 with its traceback, the rest written
+    return summary_md

@@ -1,27 +1,26 @@
-"""calls.jsonl: one JSON object a line, masked, flushed as it happens."""
+"""calls.jsonl: one JSON object a line, flushed as it happens."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
-from pathlib import Path
 from typing import Any, TextIO
-
-from mm_batch.config.secrets import Masker
 
 
 class JsonlRecorder:
-    """Thread-safe writer; each record is one line, flushed and synced to the OS at once."""
+    """Thread-safe writer; each record is one line, flushed to the OS at once.
 
-    def __init__(self, path: Path, masker: Masker) -> None:
-        self.path = path
-        self._masker = masker
+    Records arrive masked (each text field, by the run stage). A lone surrogate from a model is
+    written as its JSON escape, so that the file stays valid UTF-8 and valid JSON.
+    """
+
+    def __init__(self, handle: TextIO) -> None:
         self._lock = threading.Lock()
-        self._handle: TextIO | None = path.open("a", encoding="utf-8")
+        self._handle: TextIO | None = handle
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(self._masker.data(record), ensure_ascii=False, default=str)
+        line = json.dumps(record, ensure_ascii=False, default=str)
         with self._lock:
             if self._handle is None:
                 return

@@ -1,32 +1,27 @@
-"""Output files: the names mm-batch owns in --out, and atomic writes."""
+"""The results folder: resolved once, written through a descriptor, never through a symlink.
+
+A sandboxed command may replace the folder, or a file in it, with a symlink while the run goes
+on; every write here goes to the folder opened at start, refuses to follow a link, and lands
+atomically (a reader sees the old file or the new, never half).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 import tempfile
 from pathlib import Path
+from typing import TextIO
 
 CALLS = "calls.jsonl"
 JUNIT = "junit.xml"
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 OUTPUT_FILES = (CALLS, JUNIT, SUMMARY_MD, SUMMARY_JSON)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write beside the target, then rename: a reader sees the old file or the new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+_FILE_MODE = 0o666  # less the umask, like any file the user writes
+_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def unwritable(directory: Path) -> str | None:
@@ -44,8 +39,52 @@ def unwritable(directory: Path) -> str | None:
     return None
 
 
-def clear_outputs(directory: Path) -> None:
-    """Replace previous results: remove the files mm-batch writes there, and nothing else."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUT_FILES:
-        (directory / name).unlink(missing_ok=True)
+class ResultsFolder:
+    """The results folder opened once: every later write goes to that folder, whatever its path
+    has become meanwhile."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory.resolve()
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def clear(self) -> None:
+        """Replace previous results: remove the files mm-batch writes here, and nothing else."""
+        for name in OUTPUT_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self._fd)
+
+    def open_log(self, name: str) -> TextIO:
+        """A file to append lines to (calls.jsonl); a link in its place is refused."""
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW,
+            _FILE_MODE,
+            dir_fd=self._fd,
+        )
+        return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+
+    def write(self, name: str, text: str) -> None:
+        """Write beside the target, then rename over it: atomic, and never through a link."""
+        temporary = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
+            _FILE_MODE,
+            dir_fd=self._fd,
+        )
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=self._fd)
+            raise

@@ -10,7 +10,7 @@ from typing import Any
 from junit_xml import TestCase, TestSuite
 
 from mm_batch.plan import Plan
-from mm_batch.run.task_run import RunResult
+from mm_batch.run.records import RunResult
 
 # Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
 _ILLEGAL_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm_batch.errors import ExitCode
-from mm_batch.run.task_run import RunResult
-
+from mm_batch.run.records import RunResult
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from mm_batch.run.task_run import RunResult
+from mm_batch.run.records import RunResult
 
 
 def one_line(text: str, limit: int = 200) -> str:

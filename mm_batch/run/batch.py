@@ -1,22 +1,39 @@
-"""Run every task run of a plan on worker threads, and stop cleanly when cancelled."""
+"""Run every task run of a plan on worker threads, each under a supervisor.
+
+Whatever a task run raises, in whatever thread, becomes that run's `error` result; a run that
+outlives its timeout by more than the grace is given up on as failed; a cancelled batch reports
+its unfinished runs as errors. The batch always returns one result per run: none vanishes.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
-from mm_batch.run.ports import Executor, HookRunner, McpClient, SandboxError
-from mm_batch.run.ports import ModelClient, ModelError
-from mm_batch.run.records import Recorder, RunRecorder
-from mm_batch.run.task_run import INTERRUPTED, RunResult, TaskRun, error_result
+from mm_batch.run.loop import INTERRUPTED
+from mm_batch.run.ports import (
+    Executor,
+    HookRunner,
+    McpClient,
+    ModelClient,
+    ModelError,
+    SandboxError,
+)
+from mm_batch.run.pristine import Pristine
+from mm_batch.run.records import Recorder, RunRecorder, RunResult, Status
+from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
 
 # After a cancel, how long running task runs get to stop before they are reported as errors.
 CANCEL_GRACE_S = 3.0
+# How long past its timeout a task run may take to wind down before it is given up on.
+OVERRUN_GRACE_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,21 @@ class _Slot:
         self.started: float | None = None
         self.result: RunResult | None = None
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started is not None else 0.0
+
+    def close(self, status: Status, reason: str, trace: str | None = None) -> RunResult:
+        """Record a run that ends without a verdict of its own (unless it ended already)."""
+        return finish(
+            self.spec,
+            self.recorder,
+            self.recorder.masker,
+            status,
+            reason,
+            self.elapsed(),
+            trace=trace,
+        )
+
 
 def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
     return {model: threading.Semaphore(n) for model, n in plan.parallel_limits.items()}
@@ -49,10 +81,15 @@ def run_batch(
     masker: Masker,
     cancel: threading.Event,
     on_result: Callable[[RunResult], None] = lambda _: None,
+    pristine: Pristine | None = None,
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened."""
+    files = pristine if pristine is not None else Pristine()
     slots = [
-        _Slot(spec, RunRecorder(recorder, spec.run_id, spec.task.id, spec.model, spec.repeat))
+        _Slot(
+            spec,
+            RunRecorder(recorder, masker, spec.run_id, spec.task.id, spec.model, spec.repeat),
+        )
         for spec in plan.runs
     ]
     pending: queue.Queue[_Slot] = queue.Queue()
@@ -63,8 +100,18 @@ def run_batch(
     finished = threading.Condition(lock)
     done = 0
 
-    def work() -> None:
+    def settle(slot: _Slot, result: RunResult) -> None:
         nonlocal done
+        with finished:
+            if slot.result is None:
+                slot.result = result
+                done += 1
+                with contextlib.suppress(Exception):  # a progress display never stops a batch
+                    on_result(result)
+            if done == len(slots) or cancel.is_set():  # what the waiting thread waits for
+                finished.notify_all()
+
+    def work() -> None:
         while not cancel.is_set():
             try:
                 slot = pending.get_nowait()
@@ -74,17 +121,12 @@ def run_batch(
             if limit is not None:
                 limit.acquire()
             try:
-                result = _run_one(slot, effects, masker, cancel)
+                settle(slot, _supervise(slot, effects, masker, cancel, files))
+            except BaseException as exc:  # never lose a run, even to a bug of the supervisor
+                settle(slot, slot.close("error", internal_error(exc), traceback.format_exc()))
             finally:
                 if limit is not None:
                     limit.release()
-            with finished:
-                if slot.result is None:
-                    slot.result = result
-                    done += 1
-                    on_result(result)
-                if done == len(slots) or cancel.is_set():  # what the waiting thread waits for
-                    finished.notify_all()
 
     # Daemon threads: an interrupted batch must not wait for a model call still in flight.
     workers = [
@@ -96,6 +138,8 @@ def run_batch(
     with finished:
         while done < len(slots) and not cancel.is_set():
             finished.wait(timeout=0.2)
+            if not any(w.is_alive() for w in workers):
+                break  # every worker is gone: what is left can never start
         if cancel.is_set():
             grace_end = time.monotonic() + CANCEL_GRACE_S
             while done < len(slots) and any(
@@ -105,43 +149,59 @@ def run_batch(
                 if left <= 0:
                     break
                 finished.wait(timeout=min(left, 0.1))
-            for slot in slots:
-                if slot.result is None:
-                    slot.result = _close_with_error(slot, INTERRUPTED)
+    for slot in slots:
+        if slot.result is None:
+            reason = INTERRUPTED if cancel.is_set() else "internal error: the run never started"
+            slot.result = slot.close("error", reason)
     return [s.result for s in slots if s.result is not None]
 
 
-def _run_one(slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event) -> RunResult:
+def _supervise(
+    slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event, pristine: Pristine
+) -> RunResult:
+    """Run one task run on a thread of its own, and give up on it past its timeout."""
     slot.started = time.monotonic()
+    box: list[RunResult] = []
+
+    def target() -> None:
+        try:
+            box.append(_run_one(slot, effects, masker, cancel, pristine))
+        except BaseException as exc:  # whatever a run raises ends that run, not the batch
+            box.append(slot.close("error", internal_error(exc), traceback.format_exc()))
+
+    runner = threading.Thread(target=target, daemon=True, name=f"mm-batch-run-{slot.spec.run_id}")
+    runner.start()
+    timeout = slot.spec.task.timeout
+    hard_stop = slot.started + timeout + OVERRUN_GRACE_S
+    cancelled_at: float | None = None
+    while runner.is_alive():
+        now = time.monotonic()
+        if cancel.is_set() and cancelled_at is None:
+            cancelled_at = now
+        if cancelled_at is not None and now >= cancelled_at + CANCEL_GRACE_S:
+            return slot.close("error", INTERRUPTED)
+        if now >= hard_stop:
+            return slot.close("failed", f"task timeout ({timeout:g} s) reached")
+        runner.join(timeout=min(0.1, max(hard_stop - now, 0.001)))
+    return box[0] if box else slot.close("error", "internal error: the run ended without a result")
+
+
+def _run_one(
+    slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event, pristine: Pristine
+) -> RunResult:
     try:
         client = effects.client_for(slot.spec)
     except ModelError as exc:
-        return _close_with_error(slot, str(exc))
+        return slot.close("error", str(exc))
     try:
         executor = effects.executor_for(slot.spec)
     except SandboxError as exc:
-        return _close_with_error(slot, f"the sandbox is not available: {exc}")
+        return slot.close("error", f"the sandbox is not available: {exc}")
     try:
-        return TaskRun(
-            slot.spec, client, executor, slot.recorder, masker, cancel, effects.hooks, effects.mcp
-        ).run()
+        parts = RunParts(client, executor, effects.hooks, effects.mcp)
+        return TaskRun(slot.spec, parts, slot.recorder, masker, cancel, pristine).run()
     finally:
-        executor.close()
-
-
-def _close_with_error(slot: _Slot, reason: str) -> RunResult:
-    """Record a run that cannot be judged, and drop whatever its worker still writes."""
-    duration = time.monotonic() - slot.started if slot.started is not None else 0.0
-    result = error_result(slot.spec, reason, duration)
-    slot.recorder.emit(
-        "task",
-        {
-            "status": "error",
-            "checks": [],
-            "duration_s": round(duration, 6),
-            "reason": reason,
-            "answer": None,
-        },
-    )
-    slot.recorder.close()
-    return result
+        # A sandbox that cannot be removed now is an orphan a later run removes: the verdict
+        # of this run stands either way.
+        with contextlib.suppress(Exception):
+            executor.close()

@@ -1,26 +1,29 @@
-"""Judge a task run from what really ran (the tool records), never from the answer alone."""
+"""Judge a task run from what really ran (its tool records), never from the answer alone.
+
+A command that was started counts against the negative checks whatever happened next; a
+`calls` entry is met only by a call that ran to the end (SPEC §1, expect semantics).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mm_batch.config.model import CallExpectation, Expect, Value
+from mm_batch.run.records import Check, Status, ToolRecord
 
 
 @dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
+class CheckRun:
+    """How the task's `check` command went: its exit code (None: it did not complete)."""
 
-    def as_record(self) -> dict[str, Any]:
-        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+    exit_code: int | None
+    output: str
 
 
-def _args_match(expected: dict[str, Value], actual: dict[str, Any]) -> bool:
+def _args_match(expected: Mapping[str, Value], actual: Mapping[str, Any]) -> bool:
     for key, want in expected.items():
         if key not in actual:
             return False
@@ -30,64 +33,71 @@ def _args_match(expected: dict[str, Value], actual: dict[str, Any]) -> bool:
     return True
 
 
-def _show_call(record: dict[str, Any]) -> str:
-    return f"{record['tool']} {json.dumps(record.get('arguments'), ensure_ascii=False)}"
+def _show_call(record: ToolRecord) -> str:
+    arguments = dict(record.arguments) if record.arguments is not None else None
+    shown = f"{record.tool} {json.dumps(arguments, ensure_ascii=False, default=str)}"
+    return shown if record.outcome == "ran" else f"{shown} ({record.outcome})"
 
 
-def _ran(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("outcome") == "ran"]
-
-
-def _expected_call(index: int, want: CallExpectation, ran: list[dict[str, Any]]) -> Check:
+def _expected_call(index: int, want: CallExpectation, records: Sequence[ToolRecord]) -> Check:
     matching = [
         r
-        for r in ran
-        if r["tool"] == want.tool and _args_match(dict(want.args or {}), r["arguments"] or {})
+        for r in records
+        if r.started and r.tool == want.tool and _args_match(want.args or {}, r.arguments or {})
     ]
+    ran = [r for r in matching if r.outcome == "ran"]
     args = json.dumps(dict(want.args or {}), ensure_ascii=False)
     wanted = f"{want.tool} {args}" + (f" {want.times} time(s)" if want.times is not None else "")
-    ok = len(matching) == want.times if want.times is not None else bool(matching)
-    ran_text = "; ".join(_show_call(r) for r in ran) or "nothing"
-    detail = f"expected {wanted}; ran {len(matching)} matching call(s); all that ran: {ran_text}"
+    if want.times is None:
+        ok = bool(ran)
+    else:
+        ok = len(matching) == want.times and (want.times == 0 or bool(ran))
+    started = [r for r in records if r.started]
+    shown = "; ".join(_show_call(r) for r in started) or "nothing"
+    detail = (
+        f"expected {wanted}; {len(ran)} matching call(s) ran to the end, "
+        f"{len(matching)} started; all that started: {shown}"
+    )
     return Check(f"calls[{index}]", ok, detail)
 
 
 def judge(
     expect: Expect | None,
-    records: Sequence[dict[str, Any]],
+    records: Sequence[ToolRecord],
     answer: str | None,
-    check_exit: tuple[int | None, str] | None,
+    check_run: CheckRun | None,
 ) -> list[Check]:
     """The checks of `expect`, plus the standing rule that a refusal must be expected."""
-    ran = _ran(records)
-    checks: list[Check] = []
     expect = expect or Expect()
-    for i, want in enumerate(expect.calls):
-        checks.append(_expected_call(i, want, ran))
+    started = [r for r in records if r.started]
+    checks = [_expected_call(i, want, records) for i, want in enumerate(expect.calls)]
     for name in expect.no_calls:
-        hits = [r for r in ran if r["tool"] == name]
-        checks.append(
-            Check(
-                f"no_calls:{name}",
-                not hits,
-                f"{name} ran {len(hits)} time(s)" if hits else f"{name} did not run",
-            )
+        hits = [r for r in started if r.tool == name]
+        detail = (
+            f"{name} was started {len(hits)} time(s): " + "; ".join(_show_call(r) for r in hits)
+            if hits
+            else f"{name} was never started"
         )
-    refused = [r for r in records if r.get("outcome") == "refused"]
+        checks.append(Check(f"no_calls:{name}", not hits, detail))
+    refused = [r for r in records if r.outcome == "refused"]
     for name in expect.refused:
-        hits = [r for r in refused if r["tool"] == name]
+        hits = [r for r in refused if r.tool == name]
         checks.append(
             Check(f"refused:{name}", bool(hits), f"{name} was refused {len(hits)} time(s)")
         )
-    unexpected = [r for r in refused if r["tool"] not in expect.refused]
+    unexpected = [r for r in refused if r.tool not in expect.refused]
     if unexpected:
-        shown = "; ".join(str(r.get("reason")) for r in unexpected)
+        shown = "; ".join(str(r.reason) for r in unexpected)
         checks.append(Check("no_unexpected_refusal", False, shown))
     if expect.exit_code is not None:
-        wrong = [r for r in ran if r.get("exit_code") != expect.exit_code]
+        wrong = [r for r in started if r.exit_code != expect.exit_code]
         detail = (
-            "; ".join(f"{_show_call(r)} exited {r.get('exit_code')}" for r in wrong)
-            or f"every call that ran exited {expect.exit_code}"
+            "; ".join(
+                f"{_show_call(r)} "
+                + (f"exited {r.exit_code}" if r.exit_code is not None else "has no exit code")
+                for r in wrong
+            )
+            or f"every started call exited {expect.exit_code}"
         )
         checks.append(Check("exit_code", not wrong, detail))
     for text in expect.answer_contains:
@@ -99,10 +109,25 @@ def judge(
                 "found in the answer" if found else "not in the final answer",
             )
         )
-    if check_exit is not None:
-        code, output = check_exit
-        detail = f"exited {code}" if code is not None else "could not complete"
-        if output:
-            detail += f": {output}"
-        checks.append(Check("check", code == 0, detail))
+    if check_run is not None:
+        detail = (
+            f"exited {check_run.exit_code}"
+            if check_run.exit_code is not None
+            else "could not complete"
+        )
+        if check_run.output:
+            detail += f": {check_run.output}"
+        checks.append(Check("check", check_run.exit_code == 0, detail))
     return checks
+
+
+def verdict(error: str | None, failure: str | None, checks: Sequence[Check]) -> tuple[Status, str]:
+    """error (could not be judged) > failed (the loop or a check) > passed."""
+    if error is not None:
+        return "error", error
+    if failure is not None:
+        return "failed", failure
+    unmet = [c for c in checks if not c.ok]
+    if unmet:
+        return "failed", "; ".join(f"{c.name}: {c.detail}" for c in unmet)
+    return "passed", ""

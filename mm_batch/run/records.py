@@ -1,14 +1,25 @@
-"""The records a task run emits, and the small interface they are written through."""
+"""The records of a task run — what calls.jsonl holds, what the judge and the reports read.
+
+Every record is a frozen dataclass built by keyword. `fields(masker)` is its JSON line (less the
+identity that `RunRecorder` stamps on it): secrets are masked in the text of each field, never in
+the keys or the closed vocabularies, and text is cut to 1 MiB after masking.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
+
+from mm_batch.config.secrets import Masker
 
 Outcome = Literal["ran", "refused", "invalid", "timeout", "error", "loop"]
 Status = Literal["passed", "failed", "error"]
 Kind = Literal["model", "tool", "task"]
+
+TEXT_LIMIT = 1024 * 1024  # bytes of any one text a record keeps (model text, output, answer)
 
 
 def timestamp() -> str:
@@ -16,8 +27,193 @@ def timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """At most `limit` bytes of UTF-8, with a marker saying how much was cut."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")
+    return f"{kept}\n[... {len(data) - limit} more bytes cut; {len(data)} in all ...]"
+
+
+def _text(masker: Masker, value: str | None, *, cut_before: bool = False) -> str | None:
+    """Masked first, then cut: a secret straddling the cut leaks no prefix."""
+    if value is None:
+        return None
+    return cut_text(masker.text(value, cut=cut_before))
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation of the task, and whether it held."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def masked(self, masker: Masker) -> Check:
+        return Check(masker.text(self.name), self.ok, masker.text(self.detail))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"check": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class HookRecord:
+    """One run of a pre- or post-call hook."""
+
+    argv: tuple[str, ...]
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    error: str | None
+
+    def as_json(self, masker: Masker) -> dict[str, Any]:
+        return {
+            "argv": [masker.text(a) for a in self.argv],
+            "exit_code": self.exit_code,
+            "stdout": masker.text(self.stdout),
+            "stderr": masker.text(self.stderr),
+            "timed_out": self.timed_out,
+            "error": None if self.error is None else masker.text(self.error),
+        }
+
+
+@dataclass(frozen=True)
+class ToolRecord:
+    """One tool call the model asked for, and what became of it."""
+
+    kind: ClassVar[Kind] = "tool"
+    tool: str
+    raw_arguments: str | None
+    arguments: Mapping[str, Any] | None
+    outcome: Outcome
+    started: bool
+    where: str
+    recovered_from_text: bool = False
+    reason: str | None = None
+    rule: str | None = None
+    argv: tuple[str, ...] | None = None
+    exit_code: int | None = None
+    duration_s: float | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    stdout_bytes: int | None = None
+    stderr_bytes: int | None = None
+    output_cut: bool = False  # the executor kept only the first bytes of a stream
+    hooks: Mapping[str, HookRecord] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.output_cut
+
+    def fields(self, masker: Masker) -> dict[str, Any]:
+        return {
+            "tool": masker.text(self.tool),
+            "raw_arguments": _text(masker, self.raw_arguments),
+            "arguments": None if self.arguments is None else masker.data(dict(self.arguments)),
+            "outcome": self.outcome,
+            "reason": _text(masker, self.reason),
+            "rule": self.rule,
+            "argv": None if self.argv is None else [masker.text(a) for a in self.argv],
+            "where": self.where,
+            "started": self.started,
+            "exit_code": self.exit_code,
+            "duration_s": None if self.duration_s is None else round(self.duration_s, 6),
+            "stdout": _text(masker, self.stdout, cut_before=self.output_cut),
+            "stderr": _text(masker, self.stderr, cut_before=self.output_cut),
+            "stdout_bytes": self.stdout_bytes,
+            "stderr_bytes": self.stderr_bytes,
+            "truncated": self.truncated,
+            "recovered_from_text": self.recovered_from_text,
+            "hooks": {k: h.as_json(masker) for k, h in self.hooks.items()} or None,
+        }
+
+
+@dataclass(frozen=True)
+class CallAsked:
+    """A tool call as the model wrote it, for the model record."""
+
+    name: str
+    arguments: str | None
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model turn."""
+
+    kind: ClassVar[Kind] = "model"
+    latency_s: float
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    tool_calls: tuple[CallAsked, ...]
+    content: str | None
+    attempts: int
+
+    def fields(self, masker: Masker) -> dict[str, Any]:
+        return {
+            "latency_s": round(self.latency_s, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+            "tool_calls": [
+                {"name": masker.text(c.name), "arguments": _text(masker, c.arguments)}
+                for c in self.tool_calls
+            ],
+            "content": _text(masker, self.content),
+            "attempts": self.attempts,
+        }
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """The verdict of a task run: always its last record."""
+
+    kind: ClassVar[Kind] = "task"
+    status: Status
+    reason: str
+    checks: tuple[Check, ...]
+    duration_s: float
+    answer: str | None
+    traceback: str | None = None
+
+    def fields(self, masker: Masker) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "status": self.status,
+            "checks": [c.masked(masker).as_json() for c in self.checks],
+            "duration_s": round(self.duration_s, 6),
+            "reason": masker.text(self.reason),
+            "answer": _text(masker, self.answer),
+        }
+        if self.traceback is not None:
+            data["traceback"] = masker.text(self.traceback)
+        return data
+
+
+Record = ToolRecord | ModelRecord | TaskRecord
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What the reports need of a finished task run; its texts are masked already."""
+
+    run_id: str
+    task: str
+    model: str
+    repeat: int
+    status: Status
+    reason: str
+    checks: tuple[Check, ...]
+    duration_s: float
+    answer: str | None
+    calls: tuple[str, ...]
+    stderr_tails: tuple[str, ...] = ()
+
+
 class Recorder(Protocol):
-    """Where records go (calls.jsonl in production, a list in tests)."""
+    """Where record lines go (calls.jsonl in production, a list in tests)."""
 
     def write(self, record: dict[str, Any]) -> None: ...
 
@@ -25,20 +221,49 @@ class Recorder(Protocol):
 class RunRecorder:
     """Stamps each record of one task run with its identity and its sequence number."""
 
-    def __init__(self, recorder: Recorder, run: str, task: str, model: str, repeat: int) -> None:
+    def __init__(
+        self, recorder: Recorder, masker: Masker, run: str, task: str, model: str, repeat: int
+    ) -> None:
         self._recorder = recorder
+        self.masker = masker
         self._identity = {"run": run, "task": task, "model": model, "repeat": repeat}
         self._seq = 0
         self._closed = False
         self._lock = threading.Lock()
+        self.records: list[Record] = []
+        self.final: TaskRecord | None = None
 
-    def emit(self, kind: Kind, fields: dict[str, Any]) -> None:
+    def emit(self, record: Record) -> None:
         with self._lock:
-            if self._closed:
-                return
-            self._seq += 1
-            record = {"ts": timestamp(), **self._identity, "seq": self._seq, "kind": kind, **fields}
-            self._recorder.write(record)
+            self._write(record)
+
+    def close_with(self, record: TaskRecord) -> TaskRecord:
+        """Write the run's last record and close; the record that stands is returned (an
+        earlier one, when another thread closed the run first)."""
+        with self._lock:
+            if self.final is None:
+                self._write(record)
+                self.final = record
+            self._closed = True
+            return self.final
+
+    def _write(self, record: Record) -> None:
+        if self._closed:
+            return
+        self._seq += 1
+        self.records.append(record)
+        line = {
+            "ts": timestamp(),
+            **self._identity,
+            "seq": self._seq,
+            "kind": record.kind,
+            **record.fields(self.masker),
+        }
+        self._recorder.write(line)
+
+    def tools(self) -> Sequence[ToolRecord]:
+        with self._lock:
+            return [r for r in self.records if isinstance(r, ToolRecord)]
 
     def close(self) -> None:
         """After the run's last record: later writes (a worker still winding down) are dropped."""

@@ -144,6 +144,19 @@ class Toolbox:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def unknown_tool_answer(self, name: str) -> str:
+        """What a call of a tool that does not exist is answered with: what to do instead."""
+        answer = (
+            f"There is no tool named '{name}'. The tools are: {', '.join(self.names) or 'none'}."
+        )
+        skill = next((s for s in self.agent.skills if s.name == name), None)
+        if skill is not None and "read_skill" in self._tools:
+            answer += (
+                f" '{name}' is a skill, not a tool: read it with read_skill "
+                f'(arguments {{"name": "{name}"}}) and follow what it says.'
+            )
+        return answer
+
     def schemas(self) -> list[dict[str, Any]]:
         return [model_schema(spec) for spec, _, _ in self._tools.values()]
 

@@ -1,0 +1,270 @@
+"""One tool call: validate, consent, hooks, run it where it runs, and record what happened."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mm_batch.config.model import AgentConfig, McpServerSpec
+from mm_batch.config.secrets import Masker
+from mm_batch.plan import RunSpec
+from mm_batch.run.output import captured_text, decode, model_result
+from mm_batch.run.ports import (
+    ExecResult,
+    Executor,
+    HookRunner,
+    McpClient,
+    McpError,
+    ToolCallRequest,
+)
+from mm_batch.run.pristine import Pristine
+from mm_batch.run.records import HookRecord, Outcome, ToolRecord
+from mm_batch.run.toolbox import PreparedCall, Toolbox
+from mm_batch.tools.consent import Decision, decide
+from mm_batch.tools.declared import InvalidCall
+
+HOOK_TIMEOUT_S = 30.0
+HOOK_OUTPUT_KEPT = 4096
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What became of one call: the model's answer, its record, and whether the run can go on."""
+
+    answer: str  # masked: what the model is sent
+    record: ToolRecord
+    deadline_hit: bool = False  # the call ran into the task's deadline
+    sandbox_failure: str | None = None  # the sandbox broke: the run cannot be judged
+
+
+@dataclass(frozen=True)
+class _Ran:
+    outcome: Outcome
+    reason: str | None
+    answer: str
+    started: bool
+    result: ExecResult | None = None
+
+
+class CallHandler:
+    """Handles the calls of one task run, one at a time."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        toolbox: Toolbox,
+        executor: Executor,
+        hooks: HookRunner,
+        mcp: McpClient,
+        masker: Masker,
+        cancel: threading.Event,
+        pristine: Pristine,
+    ) -> None:
+        self.spec = spec
+        self.agent: AgentConfig = spec.task.agent
+        self.toolbox = toolbox
+        self.executor = executor
+        self.hooks = hooks
+        self.mcp = mcp
+        self.masker = masker
+        self.cancel = cancel
+        self.pristine = pristine
+
+    def _record(
+        self,
+        call: ToolCallRequest,
+        outcome: Outcome,
+        prepared: PreparedCall | None = None,
+        *,
+        started: bool = False,
+        reason: str | None = None,
+        rule: str | None = None,
+        result: ExecResult | None = None,
+        answer: str | None = None,
+        hooks: dict[str, HookRecord] | None = None,
+    ) -> ToolRecord:
+        exit_code = result.exit_code if result is not None else None
+        if result is None and outcome == "ran":
+            exit_code = 0  # a skill read or an MCP result: nothing exited, nothing failed
+        return ToolRecord(
+            tool=call.name,
+            raw_arguments=call.raw_arguments,
+            arguments=prepared.arguments if prepared is not None else None,
+            outcome=outcome,
+            started=started,
+            where=self._where(prepared),
+            recovered_from_text=call.recovered_from_text,
+            reason=reason,
+            rule=rule,
+            argv=prepared.argv if prepared is not None and prepared.kind == "command" else None,
+            exit_code=exit_code,
+            duration_s=result.duration_s if result is not None else None,
+            stdout=decode(result.stdout.data) if result is not None else answer,
+            stderr=decode(result.stderr.data) if result is not None else None,
+            stdout_bytes=result.stdout.total if result is not None else None,
+            stderr_bytes=result.stderr.total if result is not None else None,
+            output_cut=bool(result is not None and (result.stdout.cut or result.stderr.cut)),
+            hooks=hooks or {},
+        )
+
+    def _where(self, prepared: PreparedCall | None) -> str:
+        if prepared is not None and prepared.kind == "mcp" and prepared.mcp is not None:
+            return f"mcp:{prepared.mcp.server}"
+        if prepared is not None and prepared.kind == "skill":
+            return "skill"
+        return self.executor.where
+
+    def handle(self, call: ToolCallRequest, deadline: float) -> CallResult:
+        prepared = self.toolbox.prepare(call.name, call.raw_arguments)
+        if prepared is None:
+            answer = self.toolbox.unknown_tool_answer(call.name)
+            reason = f"no tool named '{call.name}'"
+            return CallResult(
+                self.masker.text(answer), self._record(call, "invalid", reason=reason)
+            )
+        if isinstance(prepared, InvalidCall):
+            reason = "; ".join(prepared.problems)
+            record = self._record(call, "invalid", reason=reason)
+            return CallResult(self.masker.text(prepared.answer), record)
+        decision = self._consent(prepared)
+        if not decision.allowed:
+            reason = decision.reason or "refused"
+            record = self._record(call, "refused", prepared, reason=reason)
+            return CallResult(self.masker.text(reason), record)
+        hooks: dict[str, HookRecord] = {}
+        described: dict[str, Any] = {
+            "tool": call.name,
+            "arguments": prepared.arguments,
+            "argv": list(prepared.argv),
+        }
+        pre = self.agent.hooks.pre_tool_call
+        if pre is not None:
+            hooks["preToolCall"], refusal = self._hook(pre, described)
+            if refusal is not None:
+                record = self._record(call, "refused", prepared, reason=refusal, hooks=hooks)
+                return CallResult(self.masker.text(refusal), record)
+        remaining = deadline - time.monotonic()
+        timeout = max(min(prepared.timeout or remaining, remaining), 0.001)
+        if prepared.kind == "skill":
+            ran = self._read_skill(prepared)
+        elif prepared.kind == "mcp":
+            ran = self._call_mcp(prepared, timeout)
+        else:
+            ran = self._run_command(prepared, timeout)
+        post = self.agent.hooks.post_tool_call
+        if post is not None and ran.outcome != "invalid":
+            result = ran.result
+            payload = {
+                **described,
+                "outcome": ran.outcome,
+                "exit_code": result.exit_code if result is not None else None,
+                "stdout": captured_text(result.stdout, self.masker) if result else ran.answer,
+                "stderr": captured_text(result.stderr, self.masker) if result else "",
+            }
+            hooks["postToolCall"], _ = self._hook(post, payload)
+        record = self._record(
+            call,
+            ran.outcome,
+            prepared,
+            started=ran.started,
+            reason=ran.reason,
+            rule=decision.rule,
+            result=ran.result,
+            answer=ran.answer,
+            hooks=hooks,
+        )
+        result = ran.result
+        failure = None
+        if result is not None and result.sandbox_failed:
+            failure = f"the sandbox failed: {result.error}"
+        hit = bool(result and result.timed_out and time.monotonic() >= deadline - 0.01)
+        return CallResult(ran.answer, record, deadline_hit=hit, sandbox_failure=failure)
+
+    def _consent(self, prepared: PreparedCall) -> Decision:
+        if prepared.kind == "skill":
+            # read_skill runs nothing: it reads the agent's own skills, so it needs no consent.
+            return Decision(True, "read_skill")
+        return decide(
+            self.spec.yolo,
+            self.agent.allow,
+            prepared.tool,
+            prepared.rendered_arguments,
+            prepared.bash_command,
+        )
+
+    def _run_command(self, prepared: PreparedCall, timeout: float) -> _Ran:
+        result = self.executor.execute(
+            prepared.argv, prepared.workdir, prepared.env, timeout, self.cancel
+        )
+        outcome: Outcome = "ran"
+        reason = None
+        if result.error is not None:
+            outcome, reason = "error", result.error
+        elif result.timed_out:
+            outcome, reason = "timeout", f"stopped after {timeout:g} s"
+        elif result.interrupted:
+            outcome, reason = "error", "interrupted"
+        answer = model_result(prepared.argv, result, timeout, self.masker)
+        return _Ran(outcome, reason, answer, result.started, result)
+
+    def _read_skill(self, prepared: PreparedCall) -> _Ran:
+        name = prepared.arguments.get("name")
+        skill = next((s for s in self.agent.skills if s.name == name), None)
+        if skill is None:
+            known = ", ".join(s.name for s in self.agent.skills) or "none"
+            answer = f"There is no skill named {name!r}. The skills: {known}."
+            return _Ran("invalid", f"no skill named {name!r}", self.masker.text(answer), False)
+        # Served from what was read at start: a skill file changed during the run changes nothing.
+        return _Ran("ran", None, self.masker.text(skill.body), True)
+
+    def _call_mcp(self, prepared: PreparedCall, timeout: float) -> _Ran:
+        assert prepared.mcp is not None
+        server: McpServerSpec = next(s for s in self.agent.mcp if s.name == prepared.mcp.server)
+        try:
+            is_error, text = self.mcp.call_tool(
+                server, prepared.mcp.name, dict(prepared.arguments), timeout
+            )
+        except McpError as exc:
+            # Whether the server acted before it failed is unknowable: count it as started.
+            answer = self.masker.text(f"The tool could not be called: {exc}")
+            return _Ran("error", str(exc), answer, True)
+        if is_error:
+            return _Ran(
+                "error",
+                f"the MCP tool answered an error: {text[:500]}",
+                self.masker.text(text),
+                True,
+            )
+        return _Ran("ran", None, self.masker.text(text), True)
+
+    def _hook(
+        self, argv: tuple[str, ...], payload: dict[str, Any]
+    ) -> tuple[HookRecord, str | None]:
+        """Run a hook with the call as JSON on stdin: (its record, the refusal when it failed)."""
+        data = json.dumps(self.masker.data(payload), ensure_ascii=True, default=str).encode()
+        program = self.pristine.hook_argv(self.agent.directory, argv)
+        result = self.hooks.execute(
+            program, self.agent.directory, {}, HOOK_TIMEOUT_S, self.cancel, stdin=data
+        )
+        stdout = decode(result.stdout.data).strip()
+        record = HookRecord(
+            argv=argv,
+            exit_code=result.exit_code,
+            stdout=stdout[:HOOK_OUTPUT_KEPT],
+            stderr=decode(result.stderr.data).strip()[:HOOK_OUTPUT_KEPT],
+            timed_out=result.timed_out,
+            error=result.error,
+        )
+        if result.error is not None:
+            return record, f"refused by the preToolCall hook: it could not run: {result.error}"
+        if result.timed_out:
+            return (
+                record,
+                f"refused by the preToolCall hook: it timed out after {HOOK_TIMEOUT_S:g} s",
+            )
+        if result.exit_code != 0:
+            return record, stdout or f"refused by the preToolCall hook (exit {result.exit_code})"
+        return record, None

@@ -1,0 +1,204 @@
+"""The agent loop: model turns and their tool calls, until an answer, a limit or a failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mm_batch.config.secrets import Masker
+from mm_batch.plan import RunSpec
+from mm_batch.run.calls import CallHandler
+from mm_batch.run.ports import (
+    ModelClient,
+    ModelDeadlineError,
+    ModelError,
+    ModelReply,
+    ToolCallRequest,
+)
+from mm_batch.run.records import CallAsked, ModelRecord, Record, ToolRecord
+from mm_batch.run.toolbox import Toolbox, skills_catalogue
+from mm_batch.tools.declared import parse_arguments
+from mm_batch.tools.text_calls import recover_tool_calls
+
+INTERRUPTED = "interrupted before the run finished"
+
+
+@dataclass(frozen=True)
+class LoopEnd:
+    """How the loop ended: with an answer, with a failure, or unable to be judged (an error)."""
+
+    answer: str | None = None
+    failure: str | None = None
+    error: str | None = None
+
+
+def canonical_arguments(raw: str | None) -> str:
+    """The loop detector's key: canonical JSON of the raw arguments, or the raw text itself."""
+    data, _ = parse_arguments(raw)
+    if data is None:
+        return raw or ""
+    try:
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    except ValueError:  # an integer too long to print: the raw text is key enough
+        return raw or ""
+
+
+def _history_arguments(raw: str | None) -> str:
+    """Arguments as kept in the history: as sent when valid JSON; servers reject invalid JSON."""
+    data, _ = parse_arguments(raw)
+    return raw if data is not None and raw and raw.strip() else "{}"
+
+
+class AgentLoop:
+    """Drives one task run's conversation; every record goes to `emit`."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        client: ModelClient,
+        toolbox: Toolbox,
+        calls: CallHandler,
+        masker: Masker,
+        cancel: threading.Event,
+        emit: Callable[[Record], None],
+    ) -> None:
+        self.spec = spec
+        self.client = client
+        self.toolbox = toolbox
+        self.calls = calls
+        self.masker = masker
+        self.cancel = cancel
+        self.emit = emit
+
+    def _first_messages(self) -> list[dict[str, Any]]:
+        task = self.spec.task
+        agent = task.agent
+        system = [agent.system] if agent.system else []
+        if "read_skill" in agent.builtins and agent.skills:
+            system.append(skills_catalogue(agent))
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": self.masker.text("\n\n".join(system))})
+        messages.append({"role": "user", "content": self.masker.text(task.prompt)})
+        return messages
+
+    def run(self, deadline: float) -> LoopEnd:
+        task = self.spec.task
+        timed_out = f"task timeout ({task.timeout:g} s) reached"
+        messages = self._first_messages()
+        schemas = self.toolbox.schemas()
+        last_key: tuple[str, str] | None = None
+        in_a_row = 0
+        for _turn in range(task.max_turns):
+            if self.cancel.is_set():
+                return LoopEnd(error=INTERRUPTED)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return LoopEnd(failure=timed_out)
+            try:
+                reply = self.client.complete(messages, schemas, remaining)
+            except ModelDeadlineError:
+                return LoopEnd(failure=timed_out)
+            except ModelError as exc:
+                if time.monotonic() >= deadline:
+                    return LoopEnd(failure=timed_out)
+                return LoopEnd(error=str(exc))
+            self._record_model(reply)
+            messages.append(self._assistant_message(reply))
+            if not reply.tool_calls and reply.text and self.spec.settings.recover_text_tool_calls:
+                reply = self._with_text_calls(reply)
+            if not reply.tool_calls:
+                if reply.finish_reason == "length":
+                    return LoopEnd(
+                        answer=reply.text or "",
+                        failure="the final answer was cut by the model's token limit "
+                        "(finish_reason: length)",
+                    )
+                return LoopEnd(answer=reply.text or "")
+            for call in reply.tool_calls:
+                key = (call.name, canonical_arguments(call.raw_arguments))
+                in_a_row = in_a_row + 1 if key == last_key else 1
+                last_key = key
+                if in_a_row >= task.agent.loop_limit:
+                    reason = (
+                        f"loop detector: {call.name} asked for {in_a_row} times in a row with "
+                        "the same arguments"
+                    )
+                    self.emit(self._loop_record(call, reason))
+                    return LoopEnd(failure=reason)
+                result = self.calls.handle(call, deadline)
+                self.emit(result.record)
+                if result.sandbox_failure is not None:
+                    return LoopEnd(error=result.sandbox_failure)
+                messages.append(self._result_message(call, result.answer))
+                if self.cancel.is_set():
+                    return LoopEnd(error=INTERRUPTED)
+                if result.deadline_hit or time.monotonic() >= deadline:
+                    return LoopEnd(failure=timed_out)
+        return LoopEnd(failure=f"max_turns ({task.max_turns}) reached without a final answer")
+
+    def _loop_record(self, call: ToolCallRequest, reason: str) -> ToolRecord:
+        return ToolRecord(
+            tool=call.name,
+            raw_arguments=call.raw_arguments,
+            arguments=None,
+            outcome="loop",
+            started=False,
+            where=self.calls.executor.where,
+            recovered_from_text=call.recovered_from_text,
+            reason=reason,
+        )
+
+    def _with_text_calls(self, reply: ModelReply) -> ModelReply:
+        found = recover_tool_calls(reply.text or "", self.toolbox.names)
+        calls = tuple(
+            ToolCallRequest(f"text_call_{i}", c.name, c.raw_arguments, recovered_from_text=True)
+            for i, c in enumerate(found)
+        )
+        return dataclasses.replace(reply, tool_calls=calls)
+
+    def _result_message(self, call: ToolCallRequest, content: str) -> dict[str, Any]:
+        if call.recovered_from_text:
+            # The model's turn held no real tool call to answer: the history stays as it was,
+            # and the result comes back as the next user message.
+            return {
+                "role": "user",
+                "content": f"The {call.name} call was answered:\n{content}\n\n"
+                "If that settles the request, answer in plain text, without calling a tool.",
+            }
+        return {"role": "tool", "tool_call_id": call.id, "content": content}
+
+    def _assistant_message(self, reply: ModelReply) -> dict[str, Any]:
+        text = None if reply.text is None else self.masker.text(reply.text)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.name,
+                        "arguments": self.masker.text(_history_arguments(c.raw_arguments)),
+                    },
+                }
+                for c in reply.tool_calls
+            ]
+        return message
+
+    def _record_model(self, reply: ModelReply) -> None:
+        self.emit(
+            ModelRecord(
+                latency_s=reply.latency_s,
+                prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens,
+                finish_reason=reply.finish_reason,
+                tool_calls=tuple(CallAsked(c.name, c.raw_arguments) for c in reply.tool_calls),
+                content=reply.text,
+                attempts=reply.attempts,
+            )
+        )
