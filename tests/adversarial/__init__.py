@@ -1,0 +1,1 @@
+"""Attacks on the guarantees: consent, the verdict, the sandbox, bounded input."""
