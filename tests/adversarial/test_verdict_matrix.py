@@ -283,3 +283,35 @@ def test_a_progress_display_that_raises_does_not_stop_the_batch(tmp_path: Path) 
         plan, effects, ListRecorder(), Masker([]), threading.Event(), broken_progress
     )
     assert [r.status for r in results] == ["passed"]
+
+
+@pytest.mark.parametrize(
+    "expect",
+    ["no_calls: [mark]", "calls: [{tool: mark, times: 0}]", "exit_code: 0"],
+)
+def test_a_forbidden_call_that_started_and_timed_out_still_fails_the_negative_checks(
+    tmp_path: Path, expect: str
+) -> None:
+    # `slow` touches nothing before it sleeps, so mark the start from the wrapper itself.
+    write(tmp_path, "agent.yaml", AGENT.replace('"./mark.sh"', '"./start-then-mark.sh"', 1))
+    write(tmp_path, "mark.sh", MARK).chmod(0o755)
+    write(tmp_path, "start-then-mark.sh", '#!/bin/sh\ntouch started\nexec ./mark.sh "$@"\n').chmod(
+        0o755
+    )
+    tasks = write(
+        tmp_path,
+        "tasks.yaml",
+        f"""
+agent: agent.yaml
+tasks:
+  - id: t
+    prompt: do not
+    expect:
+      {expect}
+""",
+    )
+    out = run_tasks(tasks, [calls(("mark", '{"name": "slow"}')), DONE])
+    assert (tmp_path / "started").exists()  # the damage was done before the timeout
+    record = out.records.of("tool")[0]
+    assert (record["outcome"], record["started"]) == ("timeout", True)
+    assert out.result.status == "failed", out.result.reason
