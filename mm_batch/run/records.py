@@ -209,7 +209,6 @@ class RunResult:
     duration_s: float
     answer: str | None
     calls: tuple[str, ...]
-    stderr_tails: tuple[str, ...] = ()
 
 
 class Recorder(Protocol):

@@ -34,7 +34,6 @@ from mm_batch.run.toolbox import Toolbox
 
 CHECK_TIMEOUT_S = 120.0
 CHECK_OUTPUT_SHOWN = 500
-STDERR_TAIL = 2048  # characters of a failing call's stderr shown in the JUnit report
 
 
 @dataclass(frozen=True)
@@ -91,11 +90,6 @@ def finish(
         duration_s=final.duration_s,
         answer=None if final.answer is None else masker.text(final.answer),
         calls=tuple(masker.text(_call_line(r)) for r in tools),
-        stderr_tails=tuple(
-            masker.text(r.stderr[-STDERR_TAIL:], cut=bool(r.output_cut))
-            for r in tools
-            if r.started and r.exit_code not in (0, None) and r.stderr
-        ),
     )
 
 
