@@ -21,6 +21,19 @@ def xml_safe(text: str) -> str:
     return _ILLEGAL_XML.sub(lambda m: f"#x{ord(m.group()):02X}", text)
 
 
+SYSTEM_OUT_LIMIT = 64 * 1024  # characters of <system-out> per test case
+DETAILS_LIMIT = 64 * 1024  # characters of the text of <failure> / <error>
+MESSAGE_LIMIT = 1024  # characters of `message`
+
+
+def _bounded(text: str, limit: int) -> str:
+    """At most `limit` characters, the cut said: a 10 MiB answer must not make a 10 MiB report."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n[... {len(text) - limit} more characters cut ...]"
+    return text[: max(limit - len(marker), 0)] + marker
+
+
 def classname(suite: str, model: str) -> str:
     return f"{suite}.{model.replace('.', '_').replace('/', '_')}"
 
@@ -34,13 +47,13 @@ def _case(plan: Plan, result: RunResult) -> TestCase:
         name=xml_safe(name),
         classname=xml_safe(classname(plan.suite, result.model)),
         elapsed_sec=round(result.duration_s, 3),
-        stdout=xml_safe(out),
+        stdout=xml_safe(_bounded(out, SYSTEM_OUT_LIMIT)),
     )
     details = "\n".join(
         f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks
     )
-    message = xml_safe(result.reason[:1000])
-    output = xml_safe(details or result.reason)
+    message = xml_safe(_bounded(result.reason, MESSAGE_LIMIT))
+    output = xml_safe(_bounded(details or result.reason, DETAILS_LIMIT))
     if result.status == "failed":
         case.add_failure_info(message=message, output=output, failure_type="failed")
     elif result.status == "error":

@@ -237,3 +237,24 @@ def test_an_out_folder_inside_a_mounted_workspace_is_a_usage_error(
     assert "lies inside" in result.err and "workspace: mount" in result.err
     assert not (project / "out").exists()
     assert fake.requests == []
+
+
+def test_a_10_mib_answer_is_cut_in_every_record_and_report(
+    cli: Cli, fake_model: Fake, project: Path
+) -> None:
+    tasks_file(project, "  - id: big\n    prompt: big\n    expect: {answer_contains: [zzz]}\n")
+    huge = "y" * (10 * 1024 * 1024)
+    fake = fake_model(by_prompt({"big": [text(huge)]}))
+    result = run(cli, project, fake)
+    assert result.code == 1  # the answer does not contain zzz: judged on the whole answer
+    out = project / "out"
+    records = read_calls(out)
+    model = next(r for r in records if r["kind"] == "model")
+    task = next(r for r in records if r["kind"] == "task")
+    for kept in (model["content"], task["answer"]):
+        assert len(kept.encode()) < 1024 * 1024 + 200
+        assert kept.endswith(
+            f"[... {len(huge) - 1024 * 1024} more bytes cut; {len(huge)} in all ...]"
+        )
+    assert (out / "junit.xml").stat().st_size < 200 * 1024
+    assert (out / "calls.jsonl").stat().st_size < 3 * 1024 * 1024
