@@ -15,10 +15,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mm_batch.effects.watchdog import Watchdog, current_watchdog
 from mm_batch.run.ports import EMPTY, Captured, ExecResult
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
+DRAIN_S = 0.5  # after the group is killed, how long output still held open by an escapee is read
 _ENV_PASSED = ("PATH", "HOME", "LANG", "TZ")
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _READ_CHUNK = 65536
@@ -99,7 +101,6 @@ class HostExecutor:
     ) -> ExecResult:
         """Run argv; `stdin`, when given, is what the command reads (hooks get the call there)."""
         started = time.monotonic()
-        empty = EMPTY
         source: Any = subprocess.DEVNULL
         if stdin is not None:
             source = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, once the child has it)
@@ -116,29 +117,23 @@ class HostExecutor:
                 start_new_session=True,
                 close_fds=True,
             )
-        except FileNotFoundError:
-            where = "the PATH" if "/" not in argv[0] else str(workdir)
-            if not workdir.is_dir():
-                message = f"working directory not found: {workdir}"
-            else:
-                message = f"program not found: {argv[0]} (looked in {where})"
-            return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=message, started=False
-            )
-        except PermissionError:
-            message = f"program is not executable: {argv[0]}"
-            return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=message, started=False
-            )
         except OSError as exc:
-            message = f"cannot start {argv[0]}: {exc.strerror or exc}"
+            # Nothing ran: the only case that is an error with `started=False`.
             return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=message, started=False
+                None,
+                EMPTY,
+                EMPTY,
+                time.monotonic() - started,
+                error=_start_failure(argv[0], workdir, exc),
+                started=False,
             )
         finally:
             if stdin is not None:
                 source.close()
-        return self._supervise(proc, started, timeout, cancel)
+        watchdog = current_watchdog()
+        if watchdog is not None:
+            watchdog.register(proc.pid)
+        return self._supervise(proc, started, timeout, cancel, watchdog)
 
     def _supervise(
         self,
@@ -146,6 +141,7 @@ class HostExecutor:
         started: float,
         timeout: float,
         cancel: threading.Event | None,
+        watchdog: Watchdog | None,
     ) -> ExecResult:
         assert proc.stdout is not None and proc.stderr is not None
         out, err = Sink(self.log_limit), Sink(self.log_limit)
@@ -160,7 +156,8 @@ class HostExecutor:
             selector.register(pidfd, selectors.EVENT_READ)
         deadline = started + timeout
         term_sent: float | None = None
-        killed = timed_out = interrupted = False
+        killed_at: float | None = None
+        timed_out = interrupted = False
         try:
             while True:
                 now = time.monotonic()
@@ -169,21 +166,22 @@ class HostExecutor:
                     timed_out, interrupted = now >= deadline, now < deadline
                     _signal_group(proc.pid, signal.SIGTERM)
                     term_sent = now
-                if term_sent is not None and not killed and now >= term_sent + KILL_GRACE_S:
-                    _signal_group(proc.pid, signal.SIGKILL)
-                    killed = True
+                # The leader is not reaped here: its zombie keeps the group's id ours to signal.
+                exited = _exited(proc.pid)
                 pipes_open = any(fd in sinks for fd in selector.get_map())
-                exited = proc.poll() is not None
                 if exited and not pipes_open:
                     break
+                # The call returned (or its grace after SIGTERM ran out): what it left in its
+                # group goes now, so that no call can watch the next one.
+                grace_over = term_sent is not None and now >= term_sent + KILL_GRACE_S
+                if killed_at is None and ((exited and term_sent is None) or grace_over):
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    killed_at = now
                 # Pipes held open by a process that escaped the group must not hold us forever.
-                if exited and term_sent is not None and now >= term_sent + 2 * KILL_GRACE_S:
+                if exited and killed_at is not None and now >= killed_at + DRAIN_S:
                     break
-                if not pipes_open and pidfd is None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=0.05)
-                    continue
-                for key, _ in selector.select(timeout=min(0.1, max(deadline - now, 0.001))):
+                wait = min(0.1 if pidfd is not None else 0.02, max(deadline - now, 0.001))
+                for key, _ in selector.select(timeout=wait):
                     fd = int(key.fd)
                     if fd == pidfd:
                         selector.unregister(fd)
@@ -202,10 +200,12 @@ class HostExecutor:
                 os.close(pidfd)
             proc.stdout.close()
             proc.stderr.close()
-        returncode = proc.wait()
-        if not killed:
-            # Take down whatever the command left running in its group.
+            # Whatever is left of the group goes while the leader's zombie still pins its id;
+            # only then may the watchdog forget it and the leader be reaped.
             _signal_group(proc.pid, signal.SIGKILL)
+            if watchdog is not None:
+                watchdog.unregister(proc.pid)
+            returncode = proc.wait()
         exit_code: int | None = returncode if returncode >= 0 else 128 - returncode
         if timed_out or interrupted:
             exit_code = None
@@ -217,6 +217,28 @@ class HostExecutor:
             timed_out=timed_out,
             interrupted=interrupted,
         )
+
+
+def _start_failure(program: str, workdir: Path, exc: OSError) -> str:
+    """Why a command could not start, in the words of the call's record."""
+    if exc.filename is not None and os.fsdecode(exc.filename) == os.fsdecode(workdir):
+        if isinstance(exc, FileNotFoundError):
+            return f"working directory not found: {workdir}"
+        return f"cannot enter the working directory {workdir}: {exc.strerror or exc}"
+    if isinstance(exc, FileNotFoundError):
+        where = "the PATH" if "/" not in program else str(workdir)
+        return f"program not found: {program} (looked in {where})"
+    if isinstance(exc, PermissionError):
+        return f"program is not executable: {program}"
+    return f"cannot start {program}: {exc.strerror or exc}"
+
+
+def _exited(pid: int) -> bool:
+    """Whether the child has exited, leaving it unreaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _pidfd(pid: int) -> int | None:
