@@ -15,6 +15,7 @@ from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
 from mm_batch.run.ports import Executor, SandboxError
 from mm_batch.effects.host import HostExecutor
+from mm_batch.effects.watchdog import start_watchdog
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.mcp import McpHttpClient
 from mm_batch.effects.llama import LlamaServer, ServerError
@@ -25,7 +26,8 @@ from mm_batch.run.ports import ModelClient, ModelError, ModelReply
 class _DockerSandboxes:
     """Connects to the engine once (removing orphans of killed runs), and tracks live sandboxes."""
 
-    def __init__(self) -> None:
+    def __init__(self, out_dir: Path) -> None:
+        self._out_dir = out_dir  # a copied workspace leaves the results folder out
         self._lock = threading.Lock()
         self._client: Any = None
         self._failure: SandboxError | None = None
@@ -50,11 +52,22 @@ class _DockerSandboxes:
         from mm_batch.effects.docker import DockerSandbox
 
         sandbox = DockerSandbox(
-            self._connect(), spec.sandbox, spec.task.agent.directory, spec.run_id
+            self._connect(),
+            spec.sandbox,
+            spec.task.agent.directory,
+            spec.run_id,
+            out_dir=self._out_dir,
         )
         with self._lock:
             self._live.add(sandbox)
-        sandbox.start()  # a missing image fails the run now, not at its first call
+        try:
+            # A missing image, or a folder that does not fit, fails the run now: before the
+            # model is asked, not at its first call.
+            sandbox.start()
+        except BaseException:
+            sandbox.close()
+            self.forget(sandbox)
+            raise
         return _Tracked(sandbox, self)
 
     def forget(self, sandbox: Any) -> None:
@@ -160,9 +173,11 @@ def _local_slots(plan: Plan) -> dict[str, int]:
 def default_effects(plan: Plan, out_dir: Path) -> Effects:
     """litellm clients (one per model and options, local models through their own server);
     the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out)."""
+    # Before any command or container exists: nothing of this run may outlive a killed mm-batch.
+    start_watchdog(containers=any(run.sandbox.kind == "docker" for run in plan.runs))
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
-    sandboxes = _DockerSandboxes()
+    sandboxes = _DockerSandboxes(out_dir)
     local = _LocalServers(plan)
 
     def client_for(spec: RunSpec) -> ModelClient:

@@ -1,34 +1,60 @@
 """The Docker sandbox: one hardened container per task run, each call an exec of the argv list.
 
 This module is the only one that imports the docker SDK. Measured facts it relies on:
-`exec_run` has no timeout and closing its stream leaves the process running, so a deadline is
-enforced by `kill -9 -1` run as the tools' uid; the container's keep-alive process runs as
-another uid, so the kill takes down the call's whole tree and the container stays usable.
+- `exec_run` has no timeout and closing its stream leaves the process running, so a deadline is
+  enforced by `kill -9 -1` run as the tools' uid; the container's keep-alive process runs as
+  another uid, so the kill takes down every process of the calls and the container stays usable.
+- The SDK turns the socket timeout off on exec streams: each exec's stream is read here, from a
+  socket of our own, with select and a deadline, and a quiet stream makes us ask the engine
+  whether it still answers, so that a stalled engine fails the call instead of hanging it.
+- When the runtime cannot start the program (not found, not executable), the exec's `Pid` is 0
+  and its message comes on stdout; a program that ran has a pid, whatever it prints.
+- `put_archive` cannot write into a tmpfs, so a `copy` workspace is a tar stream into
+  `tar -xf -` run as the tools' uid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
+import re
+import secrets
+import select
 import socket
+import stat
+import tarfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.host import KILL_GRACE_S, LOG_LIMIT, Sink
-from mm_batch.run.ports import EMPTY, ExecResult, SandboxError
+from mm_batch.run.ports import EMPTY, Captured, ExecResult, SandboxError
 
 WORKSPACE = PurePosixPath("/workspace")
 LABEL = "mm-batch"
 LABEL_RUN = "mm-batch.run"
 LABEL_PID = "mm-batch.pid"
 LABEL_PID_START = "mm-batch.pid-start"
+LABEL_PID_NS = "mm-batch.pid-ns"
 LABEL_HOST = "mm-batch.host"
+ENGINE_TIMEOUT_S = 20.0  # every engine request; with the probe below, a stall fails in < 60 s
+PROBE_AFTER_S = 10.0  # a call whose stream is quiet this long asks the engine whether it answers
+PROBE_TIMEOUT_S = 10.0
+TMP_BYTES = 256 * 1024 * 1024  # the tmpfs /tmp (HOME), counted in the memory limit
+_PAGE = 4096
 _KEEPALIVE = ["sleep", "2147483647"]
-_NOT_FOUND_MARKERS = ("executable file not found", "no such file or directory")
+_KILL_ALL = ["/bin/sh", "-c", "kill -9 -1"]  # `kill` may be a built-in: its status is not used
+_KILL_TRIES_S = 5.0
+_READ_CHUNK = 65536
+_COPY_ERRORS = "/tmp/.mm-batch-copy-errors"
+# Exit codes of the start-up script, each a clear reason (no program picks them: it runs first).
+_NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE = 90, 91, 92
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def _process_start(pid: int) -> str:
@@ -39,16 +65,22 @@ def _process_start(pid: int) -> str:
         return ""
 
 
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def connect() -> Any:
     """A client of the local engine. Raises SandboxError with one clear line when it is down."""
     import docker
-    from docker.errors import DockerException
 
     try:
         # use_context=False: CI must not follow a developer's docker CLI context.
-        client = docker.from_env(use_context=False, timeout=60)
+        client = docker.from_env(use_context=False, timeout=ENGINE_TIMEOUT_S)
         client.ping()
-    except DockerException as exc:
+    except Exception as exc:  # the SDK raises its own errors, requests' and OSError alike
         raise SandboxError(
             f"the Docker engine is unreachable ({_first_line(exc)}); is dockerd running?"
         ) from exc
@@ -60,29 +92,186 @@ def _first_line(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
+def _is_not_found(exc: BaseException) -> bool:
+    from docker.errors import NotFound
+
+    return isinstance(exc, NotFound)
+
+
 def remove_orphans(client: Any) -> int:
-    """Remove containers of mm-batch runs on this host whose mm-batch process is gone."""
+    """Remove containers of mm-batch runs whose mm-batch process is provably gone; never raises.
+
+    Only containers of this host and pid namespace are judged; one whose labels are missing or
+    odd is left alone, and one removed by someone else during the scan is skipped.
+    """
+    try:
+        found = client.api.containers(all=True, filters={"label": LABEL})
+    except Exception:
+        return 0
+    host, namespace = socket.gethostname(), _pid_namespace()
     removed = 0
-    host = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        labels = container.labels or {}
-        if labels.get(LABEL_HOST) != host:
-            continue
+    for item in found if isinstance(found, list) else []:
         try:
-            pid = int(labels.get(LABEL_PID, ""))
-        except ValueError:
-            continue
-        if _process_start(pid) == labels.get(LABEL_PID_START) and _process_start(pid):
-            continue  # a live run: never touch it
-        with contextlib.suppress(Exception):
-            container.remove(force=True)
+            labels = item.get("Labels")
+            if not isinstance(labels, dict) or labels.get(LABEL_HOST) != host:
+                continue
+            if not namespace or labels.get(LABEL_PID_NS) != namespace:
+                continue  # another pid namespace: its pids mean nothing here
+            pid, start = int(str(labels.get(LABEL_PID))), labels.get(LABEL_PID_START)
+            if pid <= 0 or not isinstance(start, str):
+                continue
+            if _process_start(pid) == start:
+                continue  # a live run: never touch it
+            client.api.remove_container(str(item["Id"]), force=True)
             removed += 1
+        except Exception:
+            continue
     return removed
 
 
 def _keepalive_user(user: str) -> str:
     """Another non-root uid for the container's own process, out of reach of `kill -1`."""
     return "65533:65533" if user.split(":", maxsplit=1)[0] == "65534" else "65534:65534"
+
+
+def size_bytes(text: str) -> int:
+    """Bytes of a Docker size (`512m`, `1g`, `1.5g`, `1048576`)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([bkmgt]?)b?", text.strip().lower())
+    if match is None:
+        raise SandboxError(f"cannot read the size {text!r} (expected e.g. 512m or 1g)")
+    return int(float(match[1]) * _SIZE_UNITS[match[2]])
+
+
+# -- the copied workspace ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a `copy` workspace receives: the folder's entries, links as links, in tar order."""
+
+    top: Path
+    entries: tuple[tuple[Path, str], ...]  # (host path, name in the workspace)
+    needed: int  # bytes of tmpfs pages the files take
+
+    @classmethod
+    def take(cls, top: Path, leave_out: Path | None, room: int) -> Snapshot:
+        """List the folder without following any link; refuse it when it cannot fit `room`."""
+        entries: list[tuple[Path, str]] = []
+        needed = 0
+        pending = [top]
+        while pending:
+            folder = pending.pop()
+            try:
+                children = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as exc:
+                raise SandboxError(
+                    f"cannot read {folder} to copy it into the sandbox: {exc.strerror or exc}"
+                ) from exc
+            for child in children:
+                path = Path(child.path)
+                if leave_out is not None and path == leave_out:
+                    continue  # the results folder: no command gets to see or swap it
+                try:
+                    mode = child.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone since the listing
+                if stat.S_ISDIR(mode.st_mode):
+                    pending.append(path)
+                elif stat.S_ISREG(mode.st_mode):
+                    needed += -(-mode.st_size // _PAGE) * _PAGE
+                elif not stat.S_ISLNK(mode.st_mode):
+                    continue  # sockets, fifos, devices: nothing a tool reads as a file
+                entries.append((path, path.relative_to(top).as_posix()))
+        if needed > room:
+            raise SandboxError(_does_not_fit(top, needed, room))
+        return cls(top, tuple(entries), needed)
+
+    def write(self, out: Any, uid: int, gid: int) -> None:
+        """Write the tar stream to a binary file object; set-id bits are dropped."""
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+            for path, name in self.entries:
+                try:
+                    info = tar.gettarinfo(str(path), arcname=name)
+                    info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
+                    info.mode &= ~(stat.S_ISUID | stat.S_ISGID)
+                    if info.isreg():
+                        with path.open("rb") as content:
+                            tar.addfile(info, content)
+                    else:
+                        tar.addfile(info)
+                except OSError as exc:
+                    raise SandboxError(
+                        f"cannot copy {path} into the sandbox: {exc.strerror or exc}"
+                    ) from exc
+
+
+def _does_not_fit(top: Path, needed: int, room: int) -> str:
+    return (
+        f"the agent's folder {top} does not fit the sandbox workspace ({needed:,} bytes to copy, "
+        f"limits.workspace is {room:,}): raise limits.workspace, or use workspace: readonly"
+    )
+
+
+class _SocketWriter(io.RawIOBase):
+    """A write-only file object over a socket, for tarfile's stream mode."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._sock.sendall(data)
+        return len(data)
+
+
+# -- exec streams ------------------------------------------------------------------------------
+
+
+class _Frames:
+    """Splits the engine's multiplexed exec stream (8-byte headers) into stdout and stderr."""
+
+    def __init__(self, out: Sink, err: Sink) -> None:
+        self._buffer = bytearray()
+        self._sinks = {1: out, 2: err}
+        self._err = err
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= 8:
+            size = int.from_bytes(self._buffer[4:8], "big")
+            if len(self._buffer) < 8 + size:
+                return
+            kind = self._buffer[0]
+            self._sinks.get(kind, self._err).add(bytes(self._buffer[8 : 8 + size]))
+            del self._buffer[: 8 + size]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """How an exec of our own (start-up, kill, protect) went."""
+
+    pid: int
+    exit_code: int | None
+    stdout: bytes
+
+
+class _EngineError(Exception):
+    """The engine failed or stopped answering, or the container is gone."""
+
+
+def _not_started_reason(message: str, argv: Sequence[str], workdir: str, where: str) -> str:
+    """The host executor's wording, from the runtime's own message (Pid 0: it never started)."""
+    lowered = message.lower()
+    if "chdir" in lowered or "cwd" in lowered:
+        return f"working directory not found: {workdir} (in {where})"
+    if "permission denied" in lowered or "exec format error" in lowered:
+        return f"program is not executable: {argv[0]}"
+    if "no such file" in lowered or "not found" in lowered:
+        return f"program not found: {argv[0]} (in {where})"
+    detail = message.strip().splitlines()[0][:300] if message.strip() else "no reason given"
+    return f"cannot start {argv[0]} (in {where}): {detail}"
 
 
 class DockerSandbox:
@@ -95,80 +284,204 @@ class DockerSandbox:
         agent_dir: Path,
         run_id: str,
         log_limit: int = LOG_LIMIT,
+        out_dir: Path | None = None,
     ) -> None:
         self.client = client
         self.spec = spec
         self.agent_dir = agent_dir.resolve()
         self.run_id = run_id
         self.log_limit = log_limit
+        self.out_dir = out_dir.resolve() if out_dir is not None else None
         self.container: Any = None
         self._lock = threading.Lock()
         self._oom_kills = 0
         self._closed = False
+        self._sweeper: threading.Thread | None = None
+        self._sweep_failure: str | None = None
+        uid, _, gid = spec.user.partition(":")
+        self._uid, self._gid = int(uid), int(gid or uid)
 
     @property
     def where(self) -> str:
         return f"docker:{self.spec.image}"
 
+    @property
+    def container_id(self) -> str:
+        return str(self.container.id)
+
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        from docker.errors import APIError, DockerException, ImageNotFound
-        from docker.types import LogConfig
-
+        """Create and start the container, fill its workspace and check the image's programs."""
         with self._lock:
             if self.container is not None:
                 return
             if self._closed:
                 raise SandboxError("the sandbox was closed")
-            pid = os.getpid()
+            snapshot = None
+            if self.spec.workspace == "copy":
+                room = size_bytes(self.spec.workspace_size)
+                snapshot = Snapshot.take(self.agent_dir, self.out_dir, room)
+            self.container = self._create()
             try:
-                # create + start, never `run`: run would pull a missing image.
-                container = self.client.containers.create(
-                    self.spec.image,
-                    command=_KEEPALIVE,
-                    detach=True,
-                    init=True,
-                    user=_keepalive_user(self.spec.user),
-                    network_mode=self.spec.network,
-                    cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"],
-                    privileged=False,
-                    read_only=True,
-                    tmpfs={"/tmp": "rw,nosuid,nodev,size=256m,mode=1777"},
-                    pids_limit=self.spec.pids,
-                    mem_limit=self.spec.memory,
-                    memswap_limit=self.spec.memory,
-                    nano_cpus=int(self.spec.cpus * 1e9),
-                    volumes={str(self.agent_dir): {"bind": str(WORKSPACE), "mode": "rw"}},
-                    working_dir=str(WORKSPACE),
-                    environment={"HOME": "/tmp"},
-                    labels={
-                        LABEL: "1",
-                        LABEL_RUN: self.run_id,
-                        LABEL_PID: str(pid),
-                        LABEL_PID_START: _process_start(pid),
-                        LABEL_HOST: socket.gethostname(),
-                    },
-                    log_config=LogConfig(
-                        type="json-file", config={"max-size": "1m", "max-file": "1"}
-                    ),
-                )
-            except ImageNotFound as exc:
-                raise SandboxError(
-                    f"image {self.spec.image} not found (no image is pulled); build it first: "
-                    "containers/build.sh base, or see containers/README.md"
-                ) from exc
-            except (APIError, DockerException) as exc:
-                raise SandboxError(f"cannot create the container: {_first_line(exc)}") from exc
-            self.container = container
-            try:
-                container.start()
-            except (APIError, DockerException) as exc:
+                self.client.api.start(self.container_id)
+            except Exception as exc:
                 raise SandboxError(f"cannot start the container: {_first_line(exc)}") from exc
+            self._prepare(snapshot)
+
+    def _create(self) -> Any:
+        from docker.errors import ImageNotFound
+        from docker.types import LogConfig
+
+        memory = size_bytes(self.spec.memory) + TMP_BYTES
+        tmpfs = {"/tmp": f"rw,nosuid,nodev,size={TMP_BYTES},mode=1777"}
+        volumes: dict[str, dict[str, str]] = {}
+        if self.spec.workspace == "copy":
+            room = size_bytes(self.spec.workspace_size)
+            memory += room  # a full workspace is ENOSPC, not an OOM kill
+            tmpfs[str(WORKSPACE)] = (
+                f"rw,nosuid,nodev,size={room},uid={self._uid},gid={self._gid},mode=0755"
+            )
+        else:
+            mode = "rw" if self.spec.workspace == "mount" else "ro"
+            volumes[str(self.agent_dir)] = {"bind": str(WORKSPACE), "mode": mode}
+        pid = os.getpid()
+        try:
+            # create + start, never `run`: run would pull a missing image.
+            return self.client.containers.create(
+                self.spec.image,
+                command=_KEEPALIVE,
+                detach=True,
+                init=True,
+                user=_keepalive_user(self.spec.user),
+                network_mode=self.spec.network,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                privileged=False,
+                read_only=True,
+                tmpfs=tmpfs,
+                pids_limit=self.spec.pids,
+                mem_limit=memory,
+                memswap_limit=memory,
+                nano_cpus=int(self.spec.cpus * 1e9),
+                volumes=volumes,
+                working_dir=str(WORKSPACE),
+                environment={"HOME": "/tmp"},
+                labels={
+                    LABEL: "1",
+                    LABEL_RUN: self.run_id,
+                    LABEL_PID: str(pid),
+                    LABEL_PID_START: _process_start(pid),
+                    LABEL_PID_NS: _pid_namespace(),
+                    LABEL_HOST: socket.gethostname(),
+                },
+                log_config=LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
+            )
+        except ImageNotFound as exc:
+            raise SandboxError(
+                f"image {self.spec.image} not found (no image is pulled); build it first: "
+                "containers/build.sh base, or see containers/README.md"
+            ) from exc
+        except Exception as exc:
+            raise SandboxError(f"cannot create the container: {_first_line(exc)}") from exc
+
+    def _prepare(self, snapshot: Snapshot | None) -> None:
+        """One exec as the tools' uid: check `sleep`, then fill or check the workspace."""
+        # A file on the PATH, as the keep-alive needs: busybox's shell would find its applet.
+        script = (
+            'found=; IFS=:; for d in $PATH; do [ -f "$d/sleep" ] && [ -x "$d/sleep" ] && found=1; '
+            f'done; unset IFS; [ -n "$found" ] || exit {_NO_SLEEP}\n'
+        )
+        if snapshot is not None:
+            script += (
+                f"tar -xf - -C {WORKSPACE} 2>{_COPY_ERRORS} || "
+                f"{{ head -c 2000 {_COPY_ERRORS}; exit {_COPY_FAILED}; }}\n"
+                f"rm -f {_COPY_ERRORS}\n"
+            )
+        elif self.spec.workspace == "mount":
+            script += f"[ -w {WORKSPACE} ] || exit {_NOT_WRITABLE}\n"
+
+        def send(sock: socket.socket) -> None:
+            assert snapshot is not None
+            snapshot.write(_SocketWriter(sock), self._uid, self._gid)
+
+        try:
+            done = self._run(
+                ["/bin/sh", "-c", script], self.spec.user, send if snapshot is not None else None
+            )
+        except _EngineError as exc:
+            raise SandboxError(self._start_failure(str(exc))) from exc
+        except (OSError, tarfile.TarError) as exc:
+            # The stream broke while tar was reading it: tar's own message says why.
+            reason = f"the copy broke off: {_first_line(exc)}"
+            raise SandboxError(self._start_failure(reason)) from exc
+        image = self.spec.image
+        output = done.stdout.decode(errors="replace").strip()
+        if done.pid == 0:
+            raise SandboxError(
+                f"image {image} has no /bin/sh, which the sandbox needs "
+                f"(the runtime said: {output.splitlines()[0][:200] if output else 'nothing'})"
+            )
+        if done.exit_code == _NO_SLEEP:
+            raise SandboxError(f"image {image} has no sleep program, which the sandbox needs")
+        if done.exit_code == _COPY_FAILED:
+            if "space" in output.lower():
+                room = size_bytes(self.spec.workspace_size)
+                needed = snapshot.needed if snapshot is not None else 0
+                raise SandboxError(_does_not_fit(self.agent_dir, max(needed, room + 1), room))
+            detail = output.splitlines()[0][:200] if output else "no reason given"
+            raise SandboxError(f"cannot copy the agent's folder into the sandbox: {detail}")
+        if done.exit_code == _NOT_WRITABLE:
+            raise SandboxError(
+                f"workspace: mount needs {self.agent_dir} writable by the sandbox user "
+                f"{self.spec.user}; make it so, or use workspace: copy"
+            )
+        if done.exit_code != 0:
+            raise SandboxError(
+                f"the sandbox's start-up check failed in image {image} (exit {done.exit_code})"
+            )
+
+    def _start_failure(self, reason: str) -> str:
+        """Why start-up failed: a container that already exited had an image it cannot run."""
+        with contextlib.suppress(Exception):
+            state = self.client.api.inspect_container(self.container_id)["State"]
+            if not state.get("Running"):
+                return (
+                    f"image {self.spec.image} cannot keep the sandbox running: it needs /bin/sh "
+                    f"and a sleep program (the container exited with code {state.get('ExitCode')})"
+                )
+        return f"the container failed at start: {reason}"
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
-        raise NotImplementedError("pristine copies in the container")
+        """Root-owned copies in a fresh 0755 folder under /tmp that the tools' uid cannot change.
+
+        Written by execs as uid 0: without capabilities root still owns what it writes, and the
+        folder's random name is created with a plain `mkdir`, which fails if a command made it.
+        """
+        self.start()
+        self._settle()
+        folder = f"/tmp/.mm-batch-pristine-{secrets.token_hex(16)}"
+        paths: dict[Path, str] = {}
+        script = 'set -e; umask 022; [ "$3" = 0 ] && mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"'
+        for i, (original, content) in enumerate(files.items()):
+            name = f"{i}-{original.name}"
+
+            def send(sock: socket.socket, data: bytes = content) -> None:
+                sock.sendall(data)
+
+            try:
+                done = self._run(
+                    ["/bin/sh", "-c", script, "protect", folder, name, str(i)], "0:0", send
+                )
+            except (_EngineError, OSError) as exc:
+                raise SandboxError(f"cannot place a copy of {original.name}: {exc}") from exc
+            if done.pid == 0 or done.exit_code != 0:
+                raise SandboxError(
+                    f"cannot place a copy of {original.name} in the sandbox "
+                    f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
+                )
+            paths[original] = f"{folder}/{name}"
+        return paths
 
     def close(self) -> None:
         with self._lock:
@@ -176,7 +489,7 @@ class DockerSandbox:
             container, self.container = self.container, None
         if container is not None:
             with contextlib.suppress(Exception):
-                container.remove(force=True)
+                self.client.api.remove_container(container.id, force=True)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -198,139 +511,340 @@ class DockerSandbox:
         timeout: float,
         cancel: threading.Event | None = None,
     ) -> ExecResult:
-        from docker.errors import APIError, DockerException
-
-        started = time.monotonic()
-        empty = EMPTY
+        begun = time.monotonic()
         try:
             container_workdir = self._container_path(workdir)
         except ValueError as exc:
             return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=str(exc), started=False
+                None, EMPTY, EMPTY, time.monotonic() - begun, error=str(exc), started=False
             )
         try:
             self.start()
-            exec_id = self.client.api.exec_create(
-                self.container.id,
-                list(argv),  # a list: a string would be split by the SDK
-                stdout=True,
-                stderr=True,
-                user=self.spec.user,
-                workdir=str(container_workdir),
-                environment={"HOME": "/tmp", **env},
-            )["Id"]
-            stream = self.client.api.exec_start(exec_id, stream=True, demux=True)
-        except SandboxError as exc:
-            return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=str(exc), sandbox_failed=True
+            self._settle()
+            exec_id = self._create_exec(
+                argv, self.spec.user, str(container_workdir), {"HOME": "/tmp", **env}, False
             )
-        except (APIError, DockerException) as exc:
-            message = f"the container failed: {_first_line(exc)}"
-            return ExecResult(
-                None, empty, empty, time.monotonic() - started, error=message, sandbox_failed=True
+        except (SandboxError, _EngineError) as exc:
+            return self._failed(begun, f"{exc}", EMPTY, EMPTY, started=False)
+        try:
+            # From here on the engine may have started the program: a failure counts as started.
+            sock = self._open_stream(exec_id)
+        except _EngineError as exc:
+            return self._failed(begun, str(exc), EMPTY, EMPTY, started=True)
+        try:
+            return self._supervise(
+                exec_id, sock, argv, str(container_workdir), begun, timeout, cancel
             )
-        return self._supervise(exec_id, stream, argv, started, timeout, cancel)
+        finally:
+            sock.close()
+            self._sweep_later()
+
+    def _failed(
+        self, begun: float, reason: str, out: Captured, err: Captured, started: bool
+    ) -> ExecResult:
+        """A call the sandbox failed: the task run cannot go on."""
+        return ExecResult(
+            None,
+            out,
+            err,
+            time.monotonic() - begun,
+            error=f"the container failed: {reason}",
+            sandbox_failed=True,
+            started=started,
+        )
 
     def _supervise(
         self,
         exec_id: str,
-        stream: Iterator[tuple[bytes | None, bytes | None]],
+        sock: socket.socket,
         argv: Sequence[str],
-        started: float,
+        workdir: str,
+        begun: float,
         timeout: float,
         cancel: threading.Event | None,
     ) -> ExecResult:
         out, err = Sink(self.log_limit), Sink(self.log_limit)
-        failure: list[BaseException] = []
-
-        def pump() -> None:
-            try:
-                for stdout, stderr in stream:
-                    if stdout:
-                        out.add(stdout)
-                    if stderr:
-                        err.add(stderr)
-            except Exception as exc:  # the stream broke: the container died under us
-                failure.append(exc)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        deadline = started + timeout
-        killed_at: float | None = None
+        frames = _Frames(out, err)
+        deadline = begun + timeout
+        stopped_at: float | None = None
         timed_out = interrupted = False
-        while reader.is_alive():
+        heard = time.monotonic()
+        while True:
             now = time.monotonic()
-            if killed_at is None and (now >= deadline or (cancel is not None and cancel.is_set())):
+            if stopped_at is None and (now >= deadline or (cancel is not None and cancel.is_set())):
                 timed_out, interrupted = now >= deadline, now < deadline
-                self._kill_calls()
-                killed_at = now
-            if killed_at is not None and now >= killed_at + 2 * KILL_GRACE_S:
+                try:
+                    self._kill_calls()
+                except _EngineError as exc:
+                    return self._failed(
+                        begun, str(exc), out.captured(), err.captured(), started=True
+                    )
+                stopped_at = now = time.monotonic()
+            # Output held open by a process the kill could not reach must not hold us forever.
+            if stopped_at is not None and now >= stopped_at + 2 * KILL_GRACE_S:
                 break
-            reader.join(timeout=0.05)
-        exit_code = self._exit_code(exec_id)
-        duration = time.monotonic() - started
-        if failure or (exit_code is None and not (timed_out or interrupted)):
-            reason = _first_line(failure[0]) if failure else "the exec did not finish"
-            return ExecResult(
-                None,
-                out.captured(),
-                err.captured(),
-                duration,
-                error=f"the container failed: {reason}",
-                sandbox_failed=True,
-            )
+            if now - heard >= PROBE_AFTER_S:
+                problem = self._probe()
+                if problem is not None:
+                    return self._failed(
+                        begun, problem, out.captured(), err.captured(), started=True
+                    )
+                heard = now
+            wait = max(0.001, min(0.1, deadline - now if stopped_at is None else 0.1))
+            try:
+                readable, _, _ = select.select([sock], [], [], wait)
+                if not readable:
+                    continue
+                chunk = sock.recv(_READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                reason = f"the engine's stream broke: {_first_line(exc)}"
+                return self._failed(begun, reason, out.captured(), err.captured(), started=True)
+            if not chunk:
+                break
+            frames.feed(chunk)
+            heard = time.monotonic()
+        return self._conclude(exec_id, argv, workdir, begun, out, err, timed_out, interrupted)
+
+    def _conclude(
+        self,
+        exec_id: str,
+        argv: Sequence[str],
+        workdir: str,
+        begun: float,
+        out: Sink,
+        err: Sink,
+        timed_out: bool,
+        interrupted: bool,
+    ) -> ExecResult:
+        """Read the exec's end from the engine: started or not, its exit, the container's fate."""
+        stdout, stderr = out.captured(), err.captured()
+        try:
+            info = self._inspect_exec(exec_id)
+        except _EngineError as exc:
+            return self._failed(begun, self._fate(str(exc)), stdout, stderr, started=True)
+        duration = time.monotonic() - begun
         if timed_out or interrupted:
             return ExecResult(
-                None,
-                out.captured(),
-                err.captured(),
-                duration,
-                timed_out=timed_out,
-                interrupted=interrupted,
+                None, stdout, stderr, duration, timed_out=timed_out, interrupted=interrupted
             )
-        stdout = out.captured()
-        if exit_code in (126, 127) and any(
-            m in stdout.data.decode(errors="replace").lower() for m in _NOT_FOUND_MARKERS
-        ):
-            return ExecResult(
-                None,
-                stdout,
-                err.captured(),
-                duration,
-                error=f"program not found: {argv[0]} (in {self.where})",
+        pid, code = int(info.get("Pid") or 0), info.get("ExitCode")
+        if pid == 0 and not info.get("Running"):
+            # The runtime never started the program: what it said is its own, not the program's.
+            reason = _not_started_reason(
+                stdout.data.decode(errors="replace"), argv, workdir, self.where
             )
+            return ExecResult(None, EMPTY, EMPTY, duration, error=reason, started=False)
+        if info.get("Running") or code is None:
+            reason = self._fate("the exec's stream ended while the command was still running")
+            return self._failed(begun, reason, stdout, stderr, started=True)
+        exit_code = int(code)
+        if exit_code >= 128:  # a signal: the container's own death kills every exec with 137
+            dead = self._container_dead()
+            if dead is not None:
+                return self._failed(begun, dead, stdout, stderr, started=True)
         if exit_code == 137 and self._new_oom_kill():
             return ExecResult(
                 exit_code,
                 stdout,
-                err.captured(),
+                stderr,
                 duration,
                 error=f"killed: out of memory (the sandbox limit is {self.spec.memory})",
             )
-        return ExecResult(exit_code, stdout, err.captured(), duration)
+        return ExecResult(exit_code, stdout, stderr, duration)
 
-    def _exit_code(self, exec_id: str) -> int | None:
+    def _fate(self, reason: str) -> str:
+        """The container's death, when that is why the engine could not answer about an exec."""
+        dead = self._container_dead()
+        return dead if dead is not None else reason
+
+    def _container_dead(self) -> str | None:
+        """Why the container cannot run calls any more, or None while it is running."""
+        container = self.container
+        if container is None:
+            return "the sandbox was closed during the call"
+        try:
+            state = self._bounded(lambda: self.client.api.inspect_container(container.id))
+        except _EngineError as exc:
+            return str(exc)
+        state = state.get("State", {}) if isinstance(state, dict) else {}
+        if state.get("Running"):
+            return None
+        oom = ", out of memory" if state.get("OOMKilled") else ""
+        return f"the container stopped during the call (exit code {state.get('ExitCode')}{oom})"
+
+    def _probe(self) -> str | None:
+        """Whether the engine still answers (and the container runs), within PROBE_TIMEOUT_S."""
+        return self._container_dead()
+
+    def _bounded(self, request: Callable[[], Any]) -> Any:
+        """An engine request that gives up after PROBE_TIMEOUT_S, whatever the socket does."""
+        box: list[Any] = []
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                box.append(request())
+            except Exception as exc:
+                failure.append(exc)
+
+        worker = threading.Thread(target=call, daemon=True, name="mm-batch-engine-probe")
+        worker.start()
+        worker.join(PROBE_TIMEOUT_S)
+        if failure:
+            if _is_not_found(failure[0]):
+                raise _EngineError("the container disappeared during the call")
+            raise _EngineError(f"the Docker engine failed: {_first_line(failure[0])}")
+        if not box:
+            raise _EngineError(
+                f"the Docker engine stopped answering (no reply in {PROBE_TIMEOUT_S:g} s)"
+            )
+        return box[0]
+
+    # -- engine requests ------------------------------------------------------------------
+
+    def _create_exec(
+        self,
+        argv: Sequence[str],
+        user: str,
+        workdir: str,
+        env: Mapping[str, str] | None,
+        stdin: bool,
+    ) -> str:
+        container = self.container
+        if container is None:
+            raise _EngineError("the sandbox was closed")
+        try:
+            return str(
+                self.client.api.exec_create(
+                    container.id,
+                    list(argv),  # a list: a string would be split by the SDK
+                    stdout=True,
+                    stderr=True,
+                    stdin=stdin,
+                    user=user,
+                    workdir=workdir,
+                    environment=dict(env) if env is not None else None,
+                )["Id"]
+            )
+        except Exception as exc:
+            raise _EngineError(self._request_failure(exc)) from exc
+
+    def _open_stream(self, exec_id: str) -> socket.socket:
+        """Start the exec; its attached stream, as a socket of our own with our own timeouts."""
+        try:
+            raw = self.client.api.exec_start(exec_id, socket=True)
+            sock = socket.socket(fileno=os.dup(raw.fileno()))
+        except Exception as exc:
+            raise _EngineError(self._request_failure(exc)) from exc
+        # The SDK's objects would only keep the connection: ours is a duplicate of it.
         with contextlib.suppress(Exception):
+            response = getattr(raw, "_response", None)
+            raw.close()
+            if response is not None:
+                response.close()
+        sock.setblocking(False)
+        return sock
+
+    def _inspect_exec(self, exec_id: str) -> dict[str, Any]:
+        try:
             info = self.client.api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                code = info.get("ExitCode")
-                return int(code) if code is not None else None
-        return None
+        except Exception as exc:
+            raise _EngineError(self._request_failure(exc)) from exc
+        return info if isinstance(info, dict) else {}
+
+    def _request_failure(self, exc: BaseException) -> str:
+        if _is_not_found(exc):
+            return "the container disappeared"
+        return f"the Docker engine failed: {_first_line(exc)}"
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        user: str,
+        send: Callable[[socket.socket], None] | None = None,
+    ) -> _Done:
+        """An exec of our own, bounded in time: its stdin from `send`, its output to the end."""
+        exec_id = self._create_exec(argv, user, str(WORKSPACE), None, send is not None)
+        sock = self._open_stream(exec_id)
+        out, err = Sink(self.log_limit), Sink(self.log_limit)
+        frames = _Frames(out, err)
+        deadline = time.monotonic() + ENGINE_TIMEOUT_S
+        try:
+            if send is not None:
+                sock.settimeout(ENGINE_TIMEOUT_S)
+                send(sock)
+                sock.shutdown(socket.SHUT_WR)  # tar reads to the end of its stdin
+            sock.setblocking(False)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _EngineError(
+                        f"the Docker engine stopped answering (an exec took {ENGINE_TIMEOUT_S:g} s)"
+                    )
+                readable, _, _ = select.select([sock], [], [], left)
+                if not readable:
+                    continue
+                try:
+                    chunk = sock.recv(_READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    break
+                frames.feed(chunk)
+        finally:
+            sock.close()
+        info = self._inspect_exec(exec_id)
+        code = info.get("ExitCode")
+        return _Done(
+            int(info.get("Pid") or 0),
+            int(code) if code is not None else None,
+            out.captured().data + err.captured().data,
+        )
+
+    # -- what calls leave behind -------------------------------------------------------------
+
+    def _sweep_later(self) -> None:
+        """Kill what the call left running, off the caller's path; the next call waits for it."""
+        if self.container is None:
+            return
+
+        def sweep() -> None:
+            try:
+                self._kill_calls()
+            except _EngineError as exc:
+                self._sweep_failure = str(exc)
+
+        self._sweeper = threading.Thread(target=sweep, daemon=True, name="mm-batch-sweep")
+        self._sweeper.start()
+
+    def _settle(self) -> None:
+        """Wait for the previous call's sweep: no call may start while another's processes live."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.join(ENGINE_TIMEOUT_S + _KILL_TRIES_S)
+            if sweeper.is_alive():
+                raise SandboxError("the previous call's processes could not be stopped in time")
+        if self._sweep_failure is not None:
+            raise SandboxError(
+                f"the previous call's processes could not be stopped: {self._sweep_failure}"
+            )
 
     def _kill_calls(self) -> None:
-        """SIGKILL every process of the tools' uid: the call's whole tree, not the container.
+        """SIGKILL every process of the tools' uid: the calls' whole trees, not the container.
 
-        Under a fork bomb the kill itself may find no free pid: it is tried again while the
-        bomb's processes come and go, and as a last resort the container is restarted.
+        Under a fork bomb the kill itself may find no free pid (the runtime then starts nothing,
+        Pid 0): it is tried again while the bomb's processes come and go.
         """
-        for _ in range(10):
-            with contextlib.suppress(Exception):
-                killed = self.container.exec_run(["kill", "-9", "-1"], user=self.spec.user)
-                if killed.exit_code == 0:
-                    return
-            time.sleep(0.1)
-        with contextlib.suppress(Exception):
-            self.container.restart(timeout=0)
+        give_up = time.monotonic() + _KILL_TRIES_S
+        while True:
+            done = self._run(_KILL_ALL, self.spec.user)
+            if done.pid != 0:
+                return
+            if time.monotonic() >= give_up:
+                raise _EngineError("the calls' processes could not be killed (no free pid)")
+            time.sleep(0.05)
 
     def _new_oom_kill(self) -> bool:
         """Whether the memory cgroup killed a process since the last look (cgroup v1 and v2)."""
@@ -339,8 +853,9 @@ class DockerSandbox:
             "2>/dev/null | grep oom_kill"
         )
         try:
-            result = self.container.exec_run(["sh", "-c", script], user=self.spec.user)
-            count = max(int(line.split()[-1]) for line in result.output.decode().splitlines())
+            done = self._run(["/bin/sh", "-c", script], self.spec.user)
+            lines = done.stdout.decode().splitlines()
+            count = max(int(line.split()[-1]) for line in lines)
         except Exception:
             return False
         new = count > self._oom_kills

@@ -116,8 +116,73 @@ def test_missing_program(run: Run, sandbox: tuple[Executor, Path]) -> None:
     assert result.error is not None and result.error.startswith(
         "program not found: ./no-such-program"
     )
-    assert not result.sandbox_failed
+    assert not result.started and not result.sandbox_failed
+    assert run(["no-such-program-on-the-path"]).error.startswith(  # type: ignore[union-attr]
+        "program not found: no-such-program-on-the-path"
+    )
     assert run(["sh", "-c", "echo still fine"]).exit_code == 0
+
+
+def test_program_not_executable(run: Run, sandbox: tuple[Executor, Path]) -> None:
+    _, agent_dir = sandbox
+    (agent_dir / "plain.txt").write_text("echo I ran > ran-marker\n")
+    result = run(["./plain.txt"])
+    assert result.exit_code is None and not result.started and not result.sandbox_failed
+    assert result.error == "program is not executable: ./plain.txt"
+    assert run(["sh", "-c", "test -e ran-marker"]).exit_code == 1  # nothing of it ran
+
+
+# What a runtime prints when it cannot start a program: a command may print it too, and exit the
+# same way; it still ran, and must be counted as started (or `no_calls` could be fooled).
+SPOOFS = {
+    127: 'OCI runtime exec failed: exec failed: unable to start container process: exec: "x": '
+    "executable file not found in $PATH: unknown",
+    126: 'OCI runtime exec failed: exec failed: unable to start container process: exec: "x": '
+    "permission denied: unknown",
+}
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_126_and_127_from_a_command_that_ran_are_ordinary_exits(run: Run, code: int) -> None:
+    result = run(["sh", "-c", f"touch ran-{code}; echo '{SPOOFS[code]}'; exit {code}"])
+    assert result.exit_code == code
+    assert result.error is None and result.started and not result.sandbox_failed
+    assert run(["sh", "-c", f"test -e ran-{code}"]).exit_code == 0
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("KILL", 137), ("TERM", 143), ("SEGV", 139)])
+def test_a_process_killed_by_a_signal(run: Run, signal_name: str, code: int) -> None:
+    result = run(["sh", "-c", f"echo before; kill -{signal_name} $$; echo after"])
+    assert result.exit_code == code
+    assert result.error is None and result.started and not result.sandbox_failed
+    assert result.stdout.data == b"before\n"
+    assert run(["sh", "-c", "echo usable"]).stdout.data == b"usable\n"
+
+
+def test_a_background_leftover_is_killed_when_the_call_returns(run: Run) -> None:
+    started = time.monotonic()
+    result = run(
+        ["sh", "-c", "(while :; do date +%s%N > tick; sleep 0.05; done) >/dev/null 2>&1 & echo go"]
+    )
+    assert result.exit_code == 0 and result.stdout.data == b"go\n"
+    assert time.monotonic() - started < 5  # the call returned; its leftover did not hold it
+    after = run(["sh", "-c", 'a=$(cat tick); sleep 0.5; b=$(cat tick); [ "$a" = "$b" ]'])
+    assert after.exit_code == 0, "the background loop still ran during the next call"
+
+
+def test_a_timeout_keeps_home_and_the_workspace(
+    run: Run, sandbox: tuple[Executor, Path], tmp_path: Path
+) -> None:
+    executor, _ = sandbox
+    home = "/tmp" if executor.where != "host" else str(tmp_path / "home")
+    Path(tmp_path / "home").mkdir()
+    env = {"HOME": home}
+    made = run(["sh", "-c", 'echo kept > "$HOME/home-file" && echo kept > work-file'], env=env)
+    assert made.exit_code == 0, made
+    result = run(["sh", "-c", "sleep 300"], timeout=1, env=env)
+    assert result.timed_out and result.started
+    kept = run(["sh", "-c", 'cat "$HOME/home-file" work-file'], env=env)
+    assert kept.exit_code == 0 and kept.stdout.data == b"kept\nkept\n"
 
 
 def test_where(sandbox: tuple[Executor, Path]) -> None:
