@@ -334,13 +334,15 @@ class DockerSandbox:
         from docker.types import LogConfig
 
         memory = size_bytes(self.spec.memory) + TMP_BYTES
-        tmpfs = {"/tmp": f"rw,nosuid,nodev,size={TMP_BYTES},mode=1777"}
+        # `exec`: Docker's tmpfs default is noexec, and ./release.sh runs from the workspace and
+        # a `check` from its pristine copy under /tmp.
+        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.workspace == "copy":
             room = size_bytes(self.spec.workspace_size)
             memory += room  # a full workspace is ENOSPC, not an OOM kill
             tmpfs[str(WORKSPACE)] = (
-                f"rw,nosuid,nodev,size={room},uid={self._uid},gid={self._gid},mode=0755"
+                f"rw,exec,nosuid,nodev,size={room},uid={self._uid},gid={self._gid},mode=0755"
             )
         else:
             mode = "rw" if self.spec.workspace == "mount" else "ro"
@@ -641,7 +643,7 @@ class DockerSandbox:
             return self._failed(begun, reason, stdout, stderr, started=True)
         exit_code = int(code)
         if exit_code >= 128:  # a signal: the container's own death kills every exec with 137
-            dead = self._container_dead()
+            dead = self._dead_after_signal()
             if dead is not None:
                 return self._failed(begun, dead, stdout, stderr, started=True)
         if exit_code == 137 and self._new_oom_kill():
@@ -673,6 +675,24 @@ class DockerSandbox:
             return None
         oom = ", out of memory" if state.get("OOMKilled") else ""
         return f"the container stopped during the call (exit code {state.get('ExitCode')}{oom})"
+
+    def _dead_after_signal(self) -> str | None:
+        """Whether the signal that ended a call was the container's own death.
+
+        The engine may still call the container running for a moment after it was killed, but
+        its pid namespace dies with its init at once: a fresh exec cannot start there then.
+        """
+        try:
+            if self._run(["/bin/sh", "-c", ":"], self.spec.user).pid != 0:
+                return None
+        except _EngineError:
+            pass
+        for _ in range(20):  # the engine's account of it, once the engine has caught up
+            dead = self._container_dead()
+            if dead is not None:
+                return dead
+            time.sleep(0.1)
+        return None  # running all along: the exec found no free pid, which a call can cause
 
     def _probe(self) -> str | None:
         """Whether the engine still answers (and the container runs), within PROBE_TIMEOUT_S."""
