@@ -1,10 +1,11 @@
 """The watchdog: nothing of a run outlives mm-batch, even when mm-batch is SIGKILLed.
 
 A small process of its own session (a kill of mm-batch's process group does not reach it),
-started once per mm-batch process. mm-batch tells it, through a pipe, of each host command's
-process group as it starts and ends; when the pipe closes without a goodbye, mm-batch died: the
-watchdog waits until mm-batch's process is really gone, SIGKILLs the groups still registered,
-removes the containers labelled with mm-batch's pid and start time on this host, and exits.
+started once per mm-batch process. mm-batch tells it, through a socket pair, of each host
+command's process group as it starts and ends; when that closes without a goodbye, mm-batch
+died: the watchdog waits until mm-batch's process is really gone, SIGKILLs the groups still
+registered, removes the containers labelled with mm-batch's pid and start time on this host,
+and exits.
 
 This file is also the watchdog's program, run as `python -I -S watchdog.py` (no site-packages:
 it starts in about 10 ms). So it imports only the standard library, and little of it at the top.
@@ -12,10 +13,12 @@ it starts in about 10 ms). So it imports only the standard library, and little o
 A process group is killed only while it is provably the one registered. mm-batch reaps a
 command's leader only after it unregistered its group, so while mm-batch lives a registered
 group id is pinned by its leader (alive or a zombie): no other process can be given that number.
-After mm-batch died, the leader is checked by its kernel start time (a different one: the number
-was recycled, the group is not ours); a leader gone with members left still pins the number (Linux
-frees a pid only once no process uses it as pid, group or session id), and the members must be
-in the leader's session.
+With each registration comes a pidfd of the leader: while that very process exists (a zombie
+too), the id is still its group's. Once it is gone, a process holding the id is another one (the
+number was recycled: never touched); with no such process, members left in the group still pin
+the number (Linux frees a pid only once no process uses it as pid, group or session id), and
+they must be in the leader's session. Without pidfds (Linux before 5.3) the leader's kernel start
+time stands in for one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -90,14 +94,27 @@ def _dead(stat: ProcStat | None, start: str) -> bool:
     return stat is None or stat.start != start or stat.state in ("Z", "X")
 
 
-def kill_registered_group(pgid: int, leader_start: str) -> bool:
-    """SIGKILL the group when it is still the one registered; say whether it was signalled."""
-    leader = proc_stat(pgid)
+def _still_registered(pgid: int, leader: int | None, leader_start: str) -> bool:
+    """Whether the group with this id is still the one registered (see the module's doc)."""
     if leader is not None:
-        if leader.start != leader_start:
-            return False  # the number now belongs to another process: never touch its group
-    elif not any(s.pgrp == pgid and s.session == pgid for s in _all_stats()):
-        return False  # nothing of the group is left
+        try:
+            signal.pidfd_send_signal(leader, 0)
+            return True  # the registered leader itself still holds the id
+        except ProcessLookupError:
+            pass
+    else:
+        stat = proc_stat(pgid)
+        if stat is not None and stat.start == leader_start:
+            return True
+    if proc_stat(pgid) is not None:
+        return False  # the number now belongs to another process: never touch its group
+    return any(s.pgrp == pgid and s.session == pgid for s in _all_stats())
+
+
+def kill_registered_group(pgid: int, leader: int | None, leader_start: str) -> bool:
+    """SIGKILL the group when it is still the one registered; say whether it was signalled."""
+    if not _still_registered(pgid, leader, leader_start):
+        return False
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -132,7 +149,6 @@ def _wait_for_death(pid: int, start: str) -> None:
 def _engine_connection(timeout: float) -> Any:
     """An HTTP connection to the engine DOCKER_HOST names (unix or plain tcp), else None."""
     import http.client
-    import socket
 
     address = os.environ.get("DOCKER_HOST") or DEFAULT_ENGINE
     if address.startswith("unix://"):
@@ -188,37 +204,39 @@ def remove_containers(owner: int, owner_start: str, host: str, deadline: float) 
 # -- the watchdog process --------------------------------------------------------------------
 
 
-def watch(channel: int, owner: int, owner_start: str, host: str, containers: bool) -> None:
-    """Read the registrations until the pipe closes, then clean up after the owner."""
-    groups: dict[int, str] = {}
+def watch(
+    channel: socket.socket, owner: int, owner_start: str, host: str, containers: bool
+) -> None:
+    """Read the registrations until the channel closes, then clean up after the owner."""
+    groups: dict[int, tuple[int | None, str]] = {}  # group id: the leader's pidfd, start time
     goodbye = False
-    pending = b""
     while True:
         try:
-            chunk = os.read(channel, 65536)
+            message, fds, _, _ = socket.recv_fds(channel, 256, 1)
         except OSError:
-            chunk = b""
-        if not chunk:
+            message, fds = b"", []
+        if not message:
             break
-        *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
-            kind, rest = line[:1], line[1:]
-            if kind == _REGISTER:
-                number, _, ticks = rest.partition(b" ")
-                if number.isdigit():
-                    groups[int(number)] = ticks.decode("ascii", "replace")
-            elif kind == _UNREGISTER and rest.isdigit():
-                groups.pop(int(rest), None)
-            elif kind == _CONTAINERS:
-                containers = True
-            elif kind == _QUIT:
-                goodbye = True
+        kind, rest = message[:1], message[1:]
+        if kind == _REGISTER:
+            number, _, ticks = rest.partition(b" ")
+            if number.isdigit():
+                _forget(groups, int(number))
+                groups[int(number)] = (fds.pop() if fds else None, ticks.decode("ascii", "replace"))
+        elif kind == _UNREGISTER and rest.isdigit():
+            _forget(groups, int(rest))
+        elif kind == _CONTAINERS:
+            containers = True
+        elif kind == _QUIT:
+            goodbye = True
+        for fd in fds:
+            os.close(fd)
     if not goodbye:
-        # The pipe closes as the owner dies; act only once it is really gone.
+        # The channel closes as the owner dies; act only once it is really gone.
         _wait_for_death(owner, owner_start)
     # On a goodbye, groups still registered are calls of abandoned task runs: they go too.
-    for pgid, start in groups.items():
-        kill_registered_group(pgid, start)
+    for pgid, (leader, start) in groups.items():
+        kill_registered_group(pgid, leader, start)
     if containers and not goodbye:
         deadline = time.monotonic() + CLEANUP_S
         with contextlib.suppress(Exception):  # the engine may be down: a later run cleans up
@@ -227,12 +245,18 @@ def watch(channel: int, owner: int, owner_start: str, host: str, containers: boo
             remove_containers(owner, owner_start, host, deadline)
 
 
+def _forget(groups: dict[int, tuple[int | None, str]], pgid: int) -> None:
+    leader, _ = groups.pop(pgid, (None, ""))
+    if leader is not None:
+        os.close(leader)
+
+
 def main(argv: Sequence[str]) -> int:
     owner, owner_start, host, containers = argv
     # Its own session has no terminal; Ctrl-C and a hang-up are mm-batch's, never its watchdog's.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    watch(0, int(owner), owner_start, host, containers == "1")
+    watch(socket.socket(fileno=0), int(owner), owner_start, host, containers == "1")
     return 0
 
 
@@ -240,19 +264,19 @@ def main(argv: Sequence[str]) -> int:
 
 
 class Watchdog:
-    """mm-batch's end of the pipe: registrations are one small write each."""
+    """mm-batch's end of the channel: a registration is one small message (and a pidfd)."""
 
-    def __init__(self, process: subprocess.Popen[bytes], channel: int) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], channel: socket.socket) -> None:
         self.process = process
-        self._channel = channel
+        self.channel: socket.socket | None = channel
         self._lock = threading.Lock()  # a closed fd number must never be written to once reused
 
     @classmethod
     def spawn(cls, owner: int, containers: bool, host: str | None = None) -> Watchdog:
         """Start a watchdog of the process `owner` (raises OSError when it cannot start)."""
-        import socket
-
-        read_end, write_end = os.pipe()  # not inherited: only mm-batch holds the write end
+        # Records keep their bounds (one message, its pidfd); the end closes as its holder dies.
+        # Not inherited: only mm-batch holds its end, so no command keeps the watchdog waiting.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = subprocess.Popen(
                 [
@@ -265,7 +289,7 @@ class Watchdog:
                     host if host is not None else socket.gethostname(),
                     "1" if containers else "0",
                 ],
-                stdin=read_end,
+                stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -273,44 +297,54 @@ class Watchdog:
                 cwd="/",  # hold no directory of the run
             )
         except OSError:
-            os.close(write_end)
+            ours.close()
             raise
         finally:
-            os.close(read_end)
-        # A watchdog that stops reading must never block a tool call: a full pipe drops a line.
-        os.set_blocking(write_end, False)
-        return cls(process, write_end)
+            theirs.close()
+        # A watchdog that stops reading must never block a tool call: a full channel drops one.
+        ours.setblocking(False)
+        return cls(process, ours)
 
-    def _send(self, line: bytes) -> None:
+    def _send(self, message: bytes, fds: Sequence[int] = ()) -> None:
         with self._lock:
-            if self._channel < 0:
-                return
-            # One line is far below PIPE_BUF: written whole or not at all.
-            with contextlib.suppress(OSError):
-                os.write(self._channel, line)
+            if self.channel is not None:
+                with contextlib.suppress(OSError):
+                    socket.send_fds(self.channel, [message], list(fds))
 
     def register(self, pgid: int) -> None:
         """A command's process group started (its leader not reaped until it is unregistered)."""
-        self._send(b"+%d %s\n" % (pgid, process_start(pgid).encode()))
+        try:
+            leader = os.pidfd_open(pgid)
+        except (OSError, AttributeError):
+            self._send(b"+%d %s" % (pgid, process_start(pgid).encode()))
+            return
+        try:
+            self._send(b"+%d" % pgid, [leader])
+        finally:
+            os.close(leader)
 
     def unregister(self, pgid: int) -> None:
-        self._send(b"-%d\n" % pgid)
+        self._send(b"-%d" % pgid)
 
     def expect_containers(self) -> None:
-        self._send(_CONTAINERS + b"\n")
+        self._send(_CONTAINERS)
 
     def alive(self) -> bool:
-        return self._channel >= 0 and self.process.poll() is None
+        return self.channel is not None and self.process.poll() is None
+
+    def drop(self) -> None:
+        """Close mm-batch's end without a goodbye, as its death does."""
+        with self._lock:
+            channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
 
     def close(self) -> None:
         """The owner exits normally: the watchdog leaves without touching any container."""
-        self._send(_QUIT + b"\n")
-        with self._lock:
-            channel, self._channel = self._channel, -1
-        if channel >= 0:
-            os.close(channel)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=CLOSE_WAIT_S)
+        self._send(_QUIT)
+        self.drop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=CLOSE_WAIT_S)
 
 
 class _ThisProcess:
