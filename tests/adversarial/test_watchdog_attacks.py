@@ -40,7 +40,7 @@ WITHIN_S = 5.0
 LINGERING = "echo $$ > started.tmp && mv started.tmp started; (sleep 2; touch late) & sleep 300"
 
 
-def _live_members(pgid: int) -> list[int]:
+def live_members(pgid: int) -> list[int]:
     """Processes of the group that still run (a zombie waiting for its reaper does not)."""
     listing = subprocess.run(
         ["ps", "-e", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=True
@@ -54,7 +54,7 @@ def _live_members(pgid: int) -> list[int]:
 
 def _gone_within(pgid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while _live_members(pgid):
+    while live_members(pgid):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
@@ -100,11 +100,11 @@ def _kill_and_check(proc: subprocess.Popen[bytes], folder: Path, kill: Callable[
     """Kill mm-batch as `kill` does; the command's group must go within 5 s, its marker never."""
     started_at = time.monotonic()
     pgid = int((folder / "started").read_text())
-    assert _live_members(pgid), "the command should be running before the kill"
+    assert live_members(pgid), "the command should be running before the kill"
     kill()
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    assert _gone_within(pgid, WITHIN_S), f"group {pgid} outlived mm-batch: {_live_members(pgid)}"
+    assert _gone_within(pgid, WITHIN_S), f"group {pgid} outlived mm-batch: {live_members(pgid)}"
     time.sleep(max(0.0, started_at + 2.5 - time.monotonic()))
     assert not (folder / "late").exists(), "a process of the group ran on after mm-batch died"
     # The run never finished: no record claims it did.
@@ -280,7 +280,7 @@ def test_the_registered_groups_die_with_their_owner_and_only_they(
     _die(owner, watchdog)
     assert watchdog.process.returncode == 0  # it acted, then left: it never outlives its job
     assert _gone_within(registered.pid, 1.0)
-    assert _live_members(finished.pid) and _live_members(stranger.pid)
+    assert live_members(finished.pid) and live_members(stranger.pid)
 
 
 def test_a_group_whose_leader_is_gone_still_dies(
@@ -291,7 +291,7 @@ def test_a_group_whose_leader_is_gone_still_dies(
     watchdog = Watchdog.spawn(owner.pid, containers=False)
     watchdog.register(leader.pid)
     leader.wait()
-    assert _live_members(leader.pid) == [int((tmp_path / "child").read_text())]
+    assert live_members(leader.pid) == [int((tmp_path / "child").read_text())]
     _die(owner, watchdog)
     assert _gone_within(leader.pid, 1.0)
 
@@ -305,7 +305,7 @@ def test_nothing_is_killed_while_the_owner_lives(
     watchdog.register(group.pid)
     watchdog.drop()
     time.sleep(0.5)
-    assert _live_members(group.pid) and watchdog.process.poll() is None
+    assert live_members(group.pid) and watchdog.process.poll() is None
     _die(owner, watchdog)
     assert _gone_within(group.pid, 1.0)
 
