@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -11,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from mm_batch.effects.host import LOG_LIMIT, HostExecutor, host_environment
-
 from mm_batch.run.ports import ExecResult
 
 PY = sys.executable
@@ -114,3 +115,84 @@ def test_cancel_stops_the_command(tmp_path: Path) -> None:
 
 def test_signal_death_is_reported_like_a_shell(tmp_path: Path) -> None:
     assert run(["/bin/sh", "-c", "kill -9 $$"], tmp_path).exit_code == 137
+
+
+@pytest.mark.parametrize("code", [126, 127])
+def test_126_and_127_from_a_command_that_ran_are_ordinary_exits(tmp_path: Path, code: int) -> None:
+    result = run(["/bin/sh", "-c", f"echo ran > ran; exit {code}"], tmp_path)
+    assert (tmp_path / "ran").exists()
+    assert (result.exit_code, result.error, result.started) == (code, None, True)
+
+
+def test_a_shell_that_cannot_find_its_program_ran(tmp_path: Path) -> None:
+    """127 from `sh` itself: the shell was started, so it is its exit code, not a start failure."""
+    result = run(["/bin/sh", "-c", "no-such-program-mm-batch"], tmp_path)
+    assert (result.exit_code, result.error, result.started) == (127, None, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "workdir", "message"),
+    [
+        (["./nope.sh"], ".", "program not found: ./nope.sh (looked in {wd})"),
+        (["./plain.sh"], ".", "program is not executable: ./plain.sh"),
+        (["true"], "missing", "working directory not found: {wd}"),
+        (["true"], "plain.sh", "cannot enter the working directory {wd}: Not a directory"),
+    ],
+    ids=["not-found", "not-executable", "no-workdir", "workdir-a-file"],
+)
+def test_only_a_failure_to_start_is_an_error_not_started(
+    tmp_path: Path, argv: list[str], workdir: str, message: str
+) -> None:
+    (tmp_path / "plain.sh").write_text("touch ran\n")
+    wd = (tmp_path / workdir) if workdir != "." else tmp_path
+    result = run(argv, wd)
+    assert (result.exit_code, result.started) == (None, False)
+    assert result.error == message.format(wd=wd)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_what_a_call_leaves_in_its_group_is_killed_when_it_returns(tmp_path: Path) -> None:
+    """A background sleeper that holds the output pipes open neither delays the call nor runs on."""
+    script = "(sleep 1; touch late) & echo $! > child; echo done"
+    started = time.monotonic()
+    result = run(["/bin/sh", "-c", script], tmp_path, timeout=30)
+    assert time.monotonic() - started < 0.9  # not held until the sleeper ends, nor the timeout
+    assert (result.exit_code, result.stdout.data) == (0, b"done\n")
+    assert not _alive(int((tmp_path / "child").read_text()))
+    time.sleep(1.2)
+    assert not (tmp_path / "late").exists()
+
+
+def test_a_detached_leftover_is_killed_too(tmp_path: Path) -> None:
+    """Output sent elsewhere: nothing holds the call, and the group still goes at its end."""
+    result = run(
+        ["/bin/sh", "-c", "(sleep 1; touch late) >/dev/null 2>&1 & echo $! > child"], tmp_path
+    )
+    assert result.exit_code == 0 and result.duration_s < 0.9
+    assert not _alive(int((tmp_path / "child").read_text()))
+    time.sleep(1.2)
+    assert not (tmp_path / "late").exists()
+
+
+def test_a_timeout_sends_sigterm_then_sigkill_after_2_s(tmp_path: Path) -> None:
+    script = "trap 'echo term >> got' TERM; while :; do sleep 0.05; done"
+    result = run(["/bin/sh", "-c", script], tmp_path, timeout=0.5)
+    assert result.timed_out and result.exit_code is None and result.started
+    assert (tmp_path / "got").read_text() == "term\n"  # asked first, once
+    assert 2.4 <= result.duration_s < 4  # then killed, 2 s after the SIGTERM
+
+
+def test_a_process_that_left_the_group_is_out_of_reach_but_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    """`setsid` escapes the call's group (the README points at docker); holding the output
+    pipes open does not keep the call from returning."""
+    script = "setsid sh -c 'echo $$ > escaped; sleep 30' & sleep 0.2; echo done"
+    result = run(["/bin/sh", "-c", script], tmp_path, timeout=30)
+    escaped = int((tmp_path / "escaped").read_text())
+    try:
+        assert result.exit_code == 0 and result.stdout.data == b"done\n"
+        assert result.duration_s < 2
+        assert _alive(escaped)  # what the host cannot do: the README says so
+    finally:
+        os.kill(escaped, signal.SIGKILL)
