@@ -6,6 +6,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,10 +15,24 @@ from typing import Any
 import pytest
 import xmlschema
 
-from mm_batch.effects.docker import LABEL, LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_RUN
+from mm_batch.effects.docker import (
+    LABEL,
+    LABEL_HOST,
+    LABEL_PID,
+    LABEL_PID_NS,
+    LABEL_PID_START,
+    LABEL_RUN,
+    _pid_namespace,
+)
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, run_until_marker, write
-from tests.docker_support import BASE_IMAGE, TEST_IMAGE, containers_of, require_image
+from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, write
+from tests.docker_support import (
+    BASE_IMAGE,
+    TEST_IMAGE,
+    containers_of,
+    require_image,
+    when_running,
+)
 from tests.test_end_to_end import GOOD, received
 
 Cli = Callable[..., CliResult]
@@ -43,11 +59,10 @@ def test_release_example_runs_in_containers(
     assert len(tools) == 6
     assert {r["where"] for r in tools} == {f"docker:{TEST_IMAGE}"}
     assert {r["outcome"] for r in tools} == {"ran"}
-    assert sorted(received(writable_example)) == sorted(
-        ["release [1.4.2] [--channel=beta]"] * 2
-        + ["pkgtest [greet]"] * 2
-        + ["status [billing]"] * 2
-    )
+    releases = [r["stdout"] for r in tools if r["tool"] == "release"]
+    assert releases == ["Released version 1.4.2 (beta channel).\n"] * 2
+    # The workspace is a copy (the default): what the scripts appended never reached the host.
+    assert received(writable_example) == []
     assert containers_of(docker_client, "release-") == []
 
 
@@ -69,8 +84,10 @@ def test_release_example_on_the_default_base_image(
         "release-*",
     )
     assert result.code == 0, result.err
-    assert {r["where"] for r in read_calls(out) if r["kind"] == "tool"} == {f"docker:{BASE_IMAGE}"}
-    assert received(writable_example) == ["release [1.4.2] [--channel=beta]"] * 2
+    tools = [r for r in read_calls(out) if r["kind"] == "tool"]
+    assert {r["where"] for r in tools} == {f"docker:{BASE_IMAGE}"}
+    assert [r["stdout"] for r in tools] == ["Released version 1.4.2 (beta channel).\n"] * 2
+    assert received(writable_example) == []
 
 
 def test_engine_down_is_one_clear_error_per_run(
@@ -185,10 +202,33 @@ def test_sigterm_mid_call_leaves_no_container(
     )
     fake = fake_model(by_prompt({"go": [tool_call("slow", {}), text("never")]}))
     out = tmp_path / "out"
-    proc = run_until_marker(tmp_path / "tasks.yaml", fake, out, tmp_path / "started")
-    assert len(containers_of(docker_client, "sig-")) == 2
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    # The workspace is the container's own copy: the marker is looked for in the containers.
+    both = threading.Event()
+    seen: set[str] = set()
+
+    def mark(container: Any) -> None:
+        seen.add(container.id)
+        if len(seen) == 2:
+            both.set()
+
+    for task in "ab":
+        when_running(docker_client, f"sig-{task}", "sleep 300", mark)
+    tasks = str(tmp_path / "tasks.yaml")
+    argv = [sys.executable, "-m", "mm_batch", "run", tasks, "--out", str(out)]
+    proc = subprocess.Popen(
+        [*argv, *model_args(fake)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        assert both.wait(60), "the tools never started"
+        assert len(containers_of(docker_client, "sig-")) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode == 130, err.decode()
     assert containers_of(docker_client, "sig-") == []
     if JUNIT_XSD.exists():
@@ -208,6 +248,7 @@ def _labelled(client: Any, run: str, pid: int, start: str) -> Any:
             LABEL_RUN: run,
             LABEL_PID: str(pid),
             LABEL_PID_START: start,
+            LABEL_PID_NS: _pid_namespace(),
             LABEL_HOST: socket.gethostname(),
         },
     )

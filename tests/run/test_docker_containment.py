@@ -7,7 +7,6 @@ happened: on the host's files, in the container, and in the call's result.
 from __future__ import annotations
 
 import contextlib
-import io
 import socket
 import threading
 import time
@@ -30,7 +29,7 @@ from mm_batch.effects.docker import (
     remove_orphans,
 )
 from mm_batch.run.ports import SandboxError
-from tests.docker_support import TEST_IMAGE, containers_of
+from tests.docker_support import TEST_IMAGE, build_image_without, containers_of
 
 pytestmark = pytest.mark.docker
 
@@ -353,12 +352,7 @@ def test_a_container_killed_mid_call_is_a_sandbox_failure(
 @pytest.fixture(scope="module")
 def crippled_images(docker_client: Any) -> Iterator[dict[str, str]]:
     """The busybox image less `sleep`, and less `/bin/sh`, built here from the local image."""
-    images = {}
-    for missing, removal in (("sleep", "rm /bin/sleep"), ("sh", "rm /bin/sh")):
-        tag = f"mm-batch/sandbox:test-no-{missing}"
-        dockerfile = f"FROM {TEST_IMAGE}\nUSER 0\nRUN {removal}\nUSER 1000:1000\n"
-        docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
-        images[missing] = tag
+    images = {missing: build_image_without(docker_client, missing) for missing in ("sleep", "sh")}
     yield images
     for tag in images.values():
         with contextlib.suppress(Exception):
