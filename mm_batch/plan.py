@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -143,6 +143,24 @@ def _model_settings(model: str, options: Mapping[str, Any]) -> ModelSettings:
     return ModelSettings(max_parallel, recover, float(timeout))
 
 
+def classname(suite: str, model: str) -> str:
+    """The JUnit classname of a model's test cases: `.` and `/` in the model become `_`."""
+    return f"{suite}.{model.replace('.', '_').replace('/', '_')}"
+
+
+def _check_classnames(suite: str, models: Iterable[str]) -> None:
+    """Two models sharing a classname would merge their test cases in every JUnit reader."""
+    first: dict[str, str] = {}
+    for model in dict.fromkeys(models):
+        name = classname(suite, model)
+        if name in first:
+            raise PlanError(
+                f"the models '{first[name]}' and '{model}' would share the JUnit classname "
+                f"'{name}' ('.' and '/' become '_'): run them in separate plans or rename one"
+            )
+        first[name] = model
+
+
 def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
     tasks = tasks_file.tasks
     if overrides.filter is not None:
@@ -172,6 +190,7 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
             passed_on = {k: v for k, v in model_options.items() if k not in OWN_MODEL_OPTIONS}
             for n in range(1, repeat + 1):
                 runs.append(RunSpec(task, model, n, passed_on, yolo, sandbox, settings))
+    _check_classnames(tasks_file.path.stem, (r.model for r in runs))
     whole_runs = len(runs)
     if overrides.shard is not None:
         k, n = overrides.shard

@@ -9,6 +9,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
+from mm_batch.config.problems import Problem
+
 # "json" (any JSON value, no coercion) only comes from MCP tool schemas, never from a file.
 ParamType = Literal["string", "integer", "number", "boolean", "json"]
 Value = str | int | float | bool | list[Any] | dict[str, Any]
@@ -132,6 +134,8 @@ class AgentConfig:
     loop_limit: int = 3
     # Values that came from ${VAR} substitutions: masked in everything mm-batch writes or sends.
     secrets: tuple[str, ...] = ()
+    # What is allowed but risky (a bash glob over git): said on stderr, never an error.
+    warnings: tuple[Problem, ...] = ()
 
     @property
     def directory(self) -> Path:
@@ -186,6 +190,11 @@ class TasksFile:
     def agents(self) -> tuple[AgentConfig, ...]:
         unique = {t.agent.path: t.agent for t in self.tasks}
         return tuple(unique.values())
+
+    @property
+    def warnings(self) -> tuple[Problem, ...]:
+        """The warnings of every agent file the tasks use, each once."""
+        return tuple(w for agent in self.agents for w in agent.warnings)
 
 
 def render_value(value: Value) -> str:

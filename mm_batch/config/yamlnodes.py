@@ -3,10 +3,16 @@
 PyYAML resolves plain scalars with YAML 1.1 rules, which is exactly what lets us catch the
 surprises (`1.10` read as a number, `no` read as false): a getter that expects a string refuses
 a plain scalar that YAML 1.1 would have turned into something else, and tells how to quote it.
+
+Hostile files are refused before any node is built: one pass over PyYAML's event stream (which
+never expands an alias and never recurses) refuses aliases and anchors, nesting deeper than
+`MAX_DEPTH`, over-long integers, non-finite numbers, NULs and unencodable characters; files over
+`MAX_FILE_BYTES` are not even parsed. Whatever then reaches a getter is small and clean.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.resolver import Resolver
 
 from mm_batch.config.problems import Problem
 
@@ -24,7 +31,55 @@ _FLOAT = "tag:yaml.org,2002:float"
 _NULL = "tag:yaml.org,2002:null"
 _INTEGER_RE = re.compile(r"[-+]?[0-9]+")
 _NUMBER_RE = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
+_DIGITS_RE = re.compile(r"[-+]?[0-9_]+")
 _TRUE_FALSE = {"true": True, "false": False}
+
+MAX_FILE_BYTES = 1024 * 1024
+MAX_DEPTH = 64  # collections, the top-level mapping being 1
+MAX_INTEGER_DIGITS = 30
+MAX_QUOTED = 120  # characters of an offending value that a message quotes
+# Characters no path, argv entry or environment entry can carry; control characters are
+# shown escaped so that a message never writes them to the terminal.
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_UNPRINTABLE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+
+
+def excerpt(text: str) -> str:
+    """A value as a message quotes it: at most MAX_QUOTED characters, control characters escaped."""
+    cut = text[:MAX_QUOTED]
+    shown = _UNPRINTABLE_RE.sub(lambda m: m.group().encode("unicode_escape").decode(), cut)
+    if len(text) > MAX_QUOTED:
+        shown += f"... ({len(text)} characters)"
+    return shown
+
+
+def string_problem(text: str, *, quote: bool = True) -> str | None:
+    """Why a string cannot become a path, an argv entry or an environment entry, if it cannot.
+
+    `quote=False` for a secret's value, which no message may show.
+    """
+    shown = f": '{excerpt(text)}'" if quote else ""
+    if "\x00" in text:
+        return (
+            "a NUL character is refused (no path, argv entry or environment entry can carry "
+            f"one){shown}"
+        )
+    surrogate = _SURROGATE_RE.search(text)
+    if surrogate is not None:
+        code = f"\\u{ord(surrogate.group()):04x}"
+        return f"a character that cannot be encoded ({code}, a lone surrogate) is refused{shown}"
+    return None
+
+
+def digits_problem(text: str) -> str | None:
+    """Refuse integers longer than MAX_INTEGER_DIGITS: Python cannot even read some of them."""
+    digits = sum(c.isalnum() for c in text.lstrip("+-").removeprefix("0x").removeprefix("0b"))
+    if digits > MAX_INTEGER_DIGITS:
+        return (
+            f"an integer of {digits} digits is refused (integers have at most "
+            f"{MAX_INTEGER_DIGITS} digits)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,10 +94,28 @@ class At:
         return int(self.node.start_mark.line) + 1
 
     def key(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
+        return join_key(self.path, name)
 
     def index(self, i: int) -> str:
         return f"{self.path}[{i}]"
+
+
+def join_key(path: str, name: str) -> str:
+    name = excerpt(name)
+    return f"{path}.{name}" if path else name
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """Whether one insertion, deletion, substitution or swap of neighbours turns a into b."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+    if len(a) < len(b):
+        return a[i:] == b[i + 1 :]
+    swapped = i + 1 < len(a) and a[i] == b[i + 1] and a[i + 1] == b[i]
+    return a[i + 1 :] == b[i + 1 :] or (swapped and a[i + 2 :] == b[i + 2 :])
 
 
 class Reader:
@@ -57,30 +130,56 @@ class Reader:
         key_path = path if path is not None else (at.path if at is not None else "")
         self.problems.append(Problem(self.file, line, key_path, message))
 
-    def load(self, path: Path) -> At | None:
-        """Parse the file into a node tree; report syntax errors with their line."""
+    def read_text(self, path: Path) -> str | None:
+        """A file's text, refusing files over MAX_FILE_BYTES before reading them whole."""
         try:
-            text = path.read_text(encoding="utf-8")
+            with path.open("rb") as stream:
+                data = stream.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             self.problems.append(Problem(self.file, 1, "", "file not found"))
             return None
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             self.problems.append(Problem(self.file, 1, "", f"cannot read the file: {exc}"))
             return None
-        return self.compose(text)
+        if len(data) > MAX_FILE_BYTES:
+            self.problems.append(
+                Problem(
+                    self.file,
+                    1,
+                    "",
+                    "the file is over 1 MiB; mm-batch reads files of at most 1 MiB "
+                    f"({MAX_FILE_BYTES} bytes)",
+                )
+            )
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.problems.append(Problem(self.file, 1, "", f"cannot read the file: {exc}"))
+            return None
+
+    def load(self, path: Path) -> At | None:
+        """Parse the file into a node tree; report syntax errors with their line."""
+        text = self.read_text(path)
+        return None if text is None else self.compose(text)
 
     def compose(self, text: str) -> At | None:
-        """Parse YAML text into a node tree; report syntax errors with their line."""
+        """Parse YAML text into a node tree, once the event stream was found harmless."""
         try:
+            hostile = _first_hostile(text)
+            if hostile is not None:
+                line, path, message = hostile
+                self.problems.append(Problem(self.file, line, path, message))
+                return None
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark is not None else 1
-            what = exc.problem or str(exc)
+            what = excerpt(exc.problem or str(exc))
             self.problems.append(Problem(self.file, line, "", f"invalid YAML: {what}"))
             return None
         except yaml.YAMLError as exc:
-            self.problems.append(Problem(self.file, 1, "", f"invalid YAML: {exc}"))
+            self.problems.append(Problem(self.file, 1, "", f"invalid YAML: {excerpt(str(exc))}"))
             return None
         if node is None:
             self.problems.append(Problem(self.file, 1, "", "the file is empty"))
@@ -106,7 +205,8 @@ class Reader:
             key = At(key_node, at.key(name))
             if name in first_line:
                 self.problem(
-                    key, f"duplicate key '{name}' (first given at line {first_line[name]})"
+                    key,
+                    f"duplicate key '{excerpt(name)}' (first given at line {first_line[name]})",
                 )
                 continue
             first_line[name] = key.line
@@ -119,18 +219,28 @@ class Reader:
         known: set[str],
         required: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> dict[str, At] | None:
-        """Keys of a mapping: refuse duplicates, unknown keys and missing required keys."""
+        """Keys of a mapping: refuse duplicates, unknown keys and missing required keys.
+
+        An unknown key one edit away from a known one is a typo: it gets a hint, and the key
+        it names is not reported missing a second time.
+        """
         entries = self._entries(at)
         if entries is None:
             return None
         found: dict[str, At] = {}
+        hinted: set[str] = set()
         for name, key, value in entries:
-            if name not in known:
-                hint = ", ".join(sorted(known))
-                self.problem(key, f"unknown key '{name}' (known keys: {hint})")
+            if name in known:
+                found[name] = value
                 continue
-            found[name] = value
-        for name in sorted(required - found.keys()):
+            near = sorted(k for k in known - {n for n, _, _ in entries} if one_edit_apart(name, k))
+            if near:
+                hinted.update(near)
+                self.problem(key, f"unknown key; did you mean {' or '.join(near)}?")
+            else:
+                hint = ", ".join(sorted(known))
+                self.problem(key, f"unknown key '{excerpt(name)}' (known keys: {hint})")
+        for name in sorted(required - found.keys() - hinted):
             self.problem(at, f"missing required key '{name}'", path=at.key(name))
         return found
 
@@ -161,21 +271,35 @@ class Reader:
             return None
         return value
 
-    def integer(self, at: At, *, minimum: int | None = None) -> int | None:
+    def integer(
+        self, at: At, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int | None:
         node = at.node
         if not (isinstance(node, yaml.ScalarNode) and node.style is None) or not (
             _INTEGER_RE.fullmatch(str(node.value))
         ):
             self.problem(at, f"expected an integer, got {_show(node)}")
             return None
+        too_long = digits_problem(str(node.value))
+        if too_long is not None:
+            self.problem(at, too_long)
+            return None
         value = int(str(node.value))
         if minimum is not None and value < minimum:
             self.problem(at, f"must be at least {minimum}, got {value}")
             return None
+        if maximum is not None and value > maximum:
+            self.problem(at, f"must be at most {maximum}, got {value}")
+            return None
         return value
 
     def number(
-        self, at: At, *, minimum: float | None = None, positive: bool = False
+        self,
+        at: At,
+        *,
+        minimum: float | None = None,
+        positive: bool = False,
+        maximum: float | None = None,
     ) -> float | None:
         node = at.node
         if not (isinstance(node, yaml.ScalarNode) and node.style is None) or not (
@@ -184,11 +308,17 @@ class Reader:
             self.problem(at, f"expected a number, got {_show(node)}")
             return None
         value = float(str(node.value))
+        if not math.isfinite(value):
+            self.problem(at, f"a non-finite number is refused: '{excerpt(str(node.value))}'")
+            return None
         if positive and value <= 0:
-            self.problem(at, f"must be greater than 0, got {node.value}")
+            self.problem(at, f"must be greater than 0, got {excerpt(str(node.value))}")
             return None
         if minimum is not None and value < minimum:
-            self.problem(at, f"must be at least {minimum:g}, got {node.value}")
+            self.problem(at, f"must be at least {minimum:g}, got {excerpt(str(node.value))}")
+            return None
+        if maximum is not None and value > maximum:
+            self.problem(at, f"must be at most {maximum:g}, got {excerpt(str(node.value))}")
             return None
         return value
 
@@ -245,6 +375,111 @@ class Reader:
         return reader(at)
 
 
+# -- the event pass ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Frame:
+    """An open collection in the event stream, and where its next node goes."""
+
+    path: str
+    is_mapping: bool
+    index: int = 0  # the next item of a sequence
+    key: str | None = None  # the key whose value comes next; None while a key is expected
+
+
+def _first_hostile(text: str) -> tuple[int, str, str] | None:
+    """(line, key path, message) of the first hostile construct, found without composing."""
+    resolver = Resolver()
+    frames: list[_Frame] = []
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionEndEvent):
+            frames.pop()
+            _advance(frames, None)
+            continue
+        if not isinstance(event, yaml.NodeEvent):
+            continue
+        line = int(event.start_mark.line) + 1 if event.start_mark is not None else 1
+        path, is_key = _where(frames)
+        if isinstance(event, yaml.AliasEvent):
+            return (
+                line,
+                path,
+                f"YAML aliases are refused (*{excerpt(str(event.anchor))}): "
+                + ("no mm-batch file needs them; write the value out"),
+            )
+        if event.anchor is not None:
+            return (
+                line,
+                path,
+                f"YAML anchors are refused (&{excerpt(str(event.anchor))}): "
+                + ("no mm-batch file needs them; write the value out"),
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(frames) + 1 > MAX_DEPTH:
+                return line, path, f"nested deeper than {MAX_DEPTH} levels of mappings and lists"
+            frames.append(_Frame(path, isinstance(event, yaml.MappingStartEvent)))
+            continue
+        assert isinstance(event, yaml.ScalarEvent)
+        value = str(event.value)
+        key_path = join_key(path, value) if is_key else path
+        problem = string_problem(value) or _scalar_problem(resolver, event)
+        if problem is not None:
+            return line, key_path, problem
+        _advance(frames, value)
+    return None
+
+
+def _where(frames: list[_Frame]) -> tuple[str, bool]:
+    """The key path of the next node, and whether that node is a mapping key."""
+    if not frames:
+        return "", False
+    top = frames[-1]
+    if not top.is_mapping:
+        return f"{top.path}[{top.index}]", False
+    if top.key is None:
+        return top.path, True
+    return join_key(top.path, top.key), False
+
+
+def _advance(frames: list[_Frame], scalar: str | None) -> None:
+    """A node ended: move its parent to the next slot."""
+    if not frames:
+        return
+    top = frames[-1]
+    if not top.is_mapping:
+        top.index += 1
+    elif top.key is None:
+        top.key = scalar if scalar is not None else "?"
+    else:
+        top.key = None
+
+
+def _scalar_problem(resolver: Resolver, event: yaml.ScalarEvent) -> str | None:
+    """Numbers mm-batch refuses to read: integers over MAX_INTEGER_DIGITS and non-finite ones."""
+    value = str(event.value)
+    plain = event.style is None
+    tag = event.tag if event.tag not in (None, "!") else None
+    if tag is None:
+        tag = _resolve(resolver, value, event.implicit) if plain else _STR
+    if tag == _INT or (plain and _DIGITS_RE.fullmatch(value)):
+        return digits_problem(value.replace("_", ""))
+    if tag == _FLOAT:
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            return None  # a sexagesimal or otherwise odd float: the getters refuse it
+        if not math.isfinite(number):
+            return f"a non-finite number is refused: '{excerpt(value)}'"
+    return None
+
+
+def _resolve(resolver: Resolver, value: str, implicit: Any) -> str:
+    """The tag PyYAML gives a plain scalar (its stubs leave `resolve` untyped)."""
+    resolve: Callable[[type, str, Any], str] = resolver.resolve
+    return resolve(yaml.ScalarNode, value, implicit)
+
+
 def _describe(node: yaml.Node) -> str:
     if isinstance(node, yaml.MappingNode):
         return "a mapping"
@@ -257,19 +492,19 @@ def _show(node: yaml.Node) -> str:
     if isinstance(node, yaml.ScalarNode):
         if node.tag == _NULL and node.value in ("", "~"):
             return "an empty value"
-        return f"'{node.value}'"
+        return f"'{excerpt(str(node.value))}'"
     return _describe(node)
 
 
 def _not_a_string(node: yaml.ScalarNode) -> str:
     """Explain a YAML 1.1 surprise: a plain scalar that is not read as the string it looks like."""
-    text = node.value
+    text = excerpt(str(node.value))
     if node.tag == _NULL:
         return "expected a string, got an empty value"
     if node.tag == _BOOL:
         return f"'{text}' is read as a boolean in YAML 1.1; quote it to mean the string: \"{text}\""
-    if node.tag in (_INT, _FLOAT):
-        read_as = yaml.safe_load(text)
+    if node.tag in (_INT, _FLOAT) and node.style is None:
+        read_as = yaml.safe_load(str(node.value))
         return (
             f"'{text}' is read as the number {read_as!r}; quote it to keep it as written: "
             f'"{text}"'

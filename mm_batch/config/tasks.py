@@ -1,0 +1,355 @@
+"""The tasks file, read by its tables of keys into a frozen `TasksFile` with its agents."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mm_batch.config.agent import names_a_tool, read_argv, typed_value, unknown_tool
+from mm_batch.config.fields import Fields, Key, read_fields, scalar
+from mm_batch.config.model import (
+    AgentConfig,
+    CallExpectation,
+    Expect,
+    TasksFile,
+    TaskSpec,
+    ToolSpec,
+    Value,
+)
+from mm_batch.config.paths import sha256
+from mm_batch.config.yamlnodes import At, Reader, excerpt
+
+TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
+WEEK_S = 7 * 24 * 3600.0
+MAX_EXIT_CODE = 255
+
+
+@dataclass
+class _Tasks:
+    """What the tasks file's readers need: where paths start, and the agents read so far."""
+
+    reader: Reader
+    base: Path
+    load_agent: Callable[[Path], AgentConfig | None]
+    agents: dict[Path, AgentConfig | None] = field(default_factory=dict)
+
+    def agent_at(self, at: At) -> AgentConfig | None:
+        """The agent file a value names, read once however many tasks name it."""
+        rel = self.reader.string(at, non_empty=True)
+        if rel is None:
+            return None
+        path = (self.base / rel).resolve()
+        if path not in self.agents:
+            if not path.is_file():
+                self.reader.problem(at, f"agent file not found: {excerpt(rel)}")
+                self.agents[path] = None
+            else:
+                self.agents[path] = self.load_agent(path)
+        return self.agents[path]
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One task being read: the file's context, and the agent it gets unless it names one."""
+
+    tasks: _Tasks
+    default: AgentConfig | None
+    has_default: bool
+
+    @property
+    def reader(self) -> Reader:
+        return self.tasks.reader
+
+
+@dataclass(frozen=True)
+class _Expect:
+    """A task's `expect`, read against the tools of the task's agent."""
+
+    reader: Reader
+    agent: AgentConfig
+
+    @property
+    def tools(self) -> dict[str, ToolSpec]:
+        return {t.name: t for t in self.agent.tools}
+
+    def tool_name(self, at: At) -> str | None:
+        name = self.reader.string(at, non_empty=True)
+        agent = self.agent
+        if name is not None and not names_a_tool(name, self.tools, agent.builtins, agent.mcp):
+            self.reader.problem(at, unknown_tool(name, self.tools, agent.builtins))
+            return None
+        return name
+
+
+# -- expect -----------------------------------------------------------------------------------
+
+
+def _expected_args(ctx: _Expect, at: At, call: Fields) -> dict[str, Value] | None:
+    reader = ctx.reader
+    name = call[CALL_TOOL]
+    tool = ctx.tools.get(name) if name is not None else None
+    args: dict[str, Value] = {}
+    for pname, pat in reader.free_mapping(at) or []:
+        if tool is None:
+            value = reader.plain_data(pat)
+            if isinstance(value, str | int | float | bool):
+                args[pname] = value
+            continue
+        param = tool.param(pname)
+        if param is None:
+            reader.problem(pat, f"tool '{tool.name}' has no parameter '{excerpt(pname)}'")
+            continue
+        typed = typed_value(reader, pat, param.type)
+        if typed is None:
+            continue
+        if param.enum is not None and typed not in param.enum:
+            allowed = ", ".join(str(v) for v in param.enum)
+            reader.problem(pat, f"{typed!r} can never match: '{pname}' is one of {allowed}")
+            continue
+        args[pname] = typed
+    return args
+
+
+CALL_TOOL: Key[_Expect, str] = Key("tool", lambda ctx, at, _: ctx.tool_name(at), required=True)
+CALL_ARGS: Key[_Expect, dict[str, Value]] = Key("args", _expected_args)
+CALL_TIMES = scalar("times", lambda r, at: r.integer(at, minimum=0))
+CALL: tuple[Key[_Expect, Any], ...] = (CALL_TOOL, CALL_ARGS, CALL_TIMES)
+
+
+def _calls(ctx: _Expect, at: At, _: Fields) -> tuple[CallExpectation, ...] | None:
+    calls: list[CallExpectation] = []
+    for item in ctx.reader.sequence(at) or []:
+        fields = read_fields(ctx, item, CALL)
+        name = fields[CALL_TOOL] if fields is not None else None
+        if fields is None or name is None:
+            continue
+        calls.append(CallExpectation(name, fields[CALL_ARGS], fields[CALL_TIMES]))
+    return tuple(calls)
+
+
+def _tool_names(ctx: _Expect, at: At, _: Fields) -> tuple[str, ...] | None:
+    items = ctx.reader.sequence(at)
+    if items is None:
+        return None
+    return tuple(n for item in items if (n := ctx.tool_name(item)) is not None)
+
+
+def _no_calls(ctx: _Expect, at: At, earlier: Fields) -> tuple[str, ...] | None:
+    names = _tool_names(ctx, at, earlier)
+    expected = {c.tool for c in earlier[CALLS] or () if c.times != 0}
+    for i, name in enumerate(names or ()):
+        if name in expected:
+            ctx.reader.problem(
+                At(at.node.value[i], at.index(i)),
+                f"'{name}' is also expected in calls: both checks can never hold",
+            )
+    return names
+
+
+def _exit_code(reader: Reader, at: At) -> int | None:
+    code = reader.integer(at)
+    if code is not None and not 0 <= code <= MAX_EXIT_CODE:
+        reader.problem(at, f"can never match: exit codes are 0 to {MAX_EXIT_CODE}, got {code}")
+        return None
+    return code
+
+
+def _answer_contains(reader: Reader, at: At) -> tuple[str, ...] | None:
+    items = reader.sequence(at)
+    if items is None:
+        return None
+    texts: list[str] = []
+    for item in items:
+        text = reader.string(item)
+        if text == "":
+            reader.problem(item, "an empty string is in every answer: this check cannot fail")
+        elif text is not None:
+            texts.append(text)
+    return tuple(texts)
+
+
+CALLS: Key[_Expect, tuple[CallExpectation, ...]] = Key("calls", _calls)
+NO_CALLS: Key[_Expect, tuple[str, ...]] = Key("no_calls", _no_calls)
+REFUSED: Key[_Expect, tuple[str, ...]] = Key("refused", _tool_names)
+EXIT_CODE = scalar("exit_code", _exit_code)
+ANSWER_CONTAINS = scalar("answer_contains", _answer_contains)
+CHECK = scalar("check", read_argv)
+EXPECT: tuple[Key[_Expect, Any], ...] = (
+    CALLS,
+    NO_CALLS,  # after calls: a tool both expected and forbidden is refused
+    REFUSED,
+    EXIT_CODE,
+    ANSWER_CONTAINS,
+    CHECK,
+)
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+def _task_id(reader: Reader, at: At) -> str | None:
+    task_id = reader.string(at, non_empty=True)
+    if task_id is not None and not TASK_ID_RE.fullmatch(task_id):
+        reader.problem(at, f"invalid task id '{excerpt(task_id)}' (letters, digits, '_', '.', '-')")
+        return None
+    return task_id
+
+
+def _expect(ctx: _Task, at: At, task: Fields) -> Expect | None:
+    agent = task[TASK_AGENT] if task.given(TASK_AGENT) is not None else ctx.default
+    if agent is None:
+        return None
+    fields = read_fields(_Expect(ctx.reader, agent), at, EXPECT)
+    if fields is None:
+        return None
+    return Expect(
+        calls=fields[CALLS] or (),
+        no_calls=fields[NO_CALLS] or (),
+        refused=fields[REFUSED] or (),
+        exit_code=fields[EXIT_CODE],
+        answer_contains=fields[ANSWER_CONTAINS] or (),
+        check=fields[CHECK],
+    )
+
+
+TASK_ID = scalar("id", _task_id, required=True)
+PROMPT = scalar("prompt", lambda r, at: r.string(at, non_empty=True), required=True)
+TASK_AGENT: Key[_Task, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.tasks.agent_at(at))
+TIMEOUT = scalar("timeout", lambda r, at: r.number(at, positive=True, maximum=WEEK_S))
+MAX_TURNS = scalar("max_turns", lambda r, at: r.integer(at, minimum=1, maximum=10_000))
+EXPECT_KEY: Key[_Task, Expect] = Key("expect", _expect)
+TASK: tuple[Key[_Task, Any], ...] = (
+    TASK_ID,
+    PROMPT,
+    TASK_AGENT,
+    TIMEOUT,
+    MAX_TURNS,
+    EXPECT_KEY,  # after agent: the expectations name its tools
+)
+
+
+def _task(ctx: _Task, at: At) -> TaskSpec | None:
+    before = len(ctx.reader.problems)
+    fields = read_fields(ctx, at, TASK)
+    if fields is None:
+        return None
+    agent = ctx.default
+    if fields.given(TASK_AGENT) is not None:
+        agent = fields[TASK_AGENT]
+    elif not ctx.has_default:
+        ctx.reader.problem(
+            at, "no agent: give 'agent' here or at the top of the tasks file", path=at.key("agent")
+        )
+    task_id, prompt = fields[TASK_ID], fields[PROMPT]
+    if len(ctx.reader.problems) > before or agent is None or task_id is None or prompt is None:
+        return None
+    given: dict[str, Any] = {
+        "timeout": fields[TIMEOUT],
+        "max_turns": fields[MAX_TURNS],
+        "expect": fields[EXPECT_KEY],
+    }
+    return TaskSpec(
+        id=task_id,
+        prompt=prompt,
+        agent=agent,
+        **{k: v for k, v in given.items() if v is not None},
+    )
+
+
+def _peek_id(at: At) -> str | None:
+    """A task's id as written, before validation, so duplicates are found whatever else fails."""
+    if isinstance(at.node, yaml.MappingNode):
+        for key, value in at.node.value:
+            if getattr(key, "value", None) == "id" and isinstance(value, yaml.ScalarNode):
+                return str(value.value)
+    return None
+
+
+def _tasks(ctx: _Tasks, at: At, top: Fields) -> tuple[TaskSpec, ...] | None:
+    reader = ctx.reader
+    items = reader.sequence(at)
+    if items == []:
+        reader.problem(at, "lists no task")
+    task_ctx = _Task(ctx, top[DEFAULT_AGENT], top.given(DEFAULT_AGENT) is not None)
+    tasks: list[TaskSpec] = []
+    seen: dict[str, int] = {}
+    for item in items or []:
+        task_id = _peek_id(item)
+        if task_id is not None and task_id in seen:
+            reader.problem(
+                item,
+                f"duplicate task id '{excerpt(task_id)}' (first at line {seen[task_id]})",
+                path=item.key("id"),
+            )
+            continue
+        if task_id is not None:
+            seen[task_id] = item.line
+        task = _task(task_ctx, item)
+        if task is not None:
+            tasks.append(task)
+    return tuple(tasks)
+
+
+def _min_pass_rate(reader: Reader, at: At) -> float | None:
+    rate = reader.number(at, minimum=0.0)
+    if rate is not None and rate > 1:
+        reader.problem(at, f"must be between 0 and 1, got {rate:g}")
+        return None
+    return rate
+
+
+def _models(reader: Reader, at: At) -> tuple[str, ...] | None:
+    models = reader.string_list(at, non_empty=True)
+    if models is None:
+        return None
+    for item, model in zip(reader.sequence(at) or [], models, strict=True):
+        if not model:
+            reader.problem(item, "must not be empty")
+            return None
+    return tuple(models)
+
+
+DEFAULT_AGENT: Key[_Tasks, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.agent_at(at))
+MODELS = scalar("models", _models)
+REPEAT = scalar("repeat", lambda r, at: r.integer(at, minimum=1, maximum=1000))
+JOBS = scalar("jobs", lambda r, at: r.integer(at, minimum=1, maximum=1024))
+MIN_PASS_RATE = scalar("min_pass_rate", _min_pass_rate)
+TASKS: Key[_Tasks, tuple[TaskSpec, ...]] = Key("tasks", _tasks, required=True)
+TASKS_FILE: tuple[Key[_Tasks, Any], ...] = (
+    DEFAULT_AGENT,
+    MODELS,
+    REPEAT,
+    JOBS,
+    MIN_PASS_RATE,
+    TASKS,  # last: its tasks get the default agent
+)
+TASKS_ONLY_KEYS = frozenset({"tasks", "agent", "models", "repeat", "jobs", "min_pass_rate"})
+
+
+def read_tasks(
+    path: Path,
+    root: At,
+    reader: Reader,
+    load_agent: Callable[[Path], AgentConfig | None],
+) -> TasksFile | None:
+    """A tasks file's parsed root as a `TasksFile`; None when it, or an agent, has problems."""
+    fields = read_fields(_Tasks(reader, path.resolve().parent, load_agent), root, TASKS_FILE)
+    if fields is None or reader.problems:
+        return None
+    given: dict[str, Any] = {
+        "models": fields[MODELS],
+        "repeat": fields[REPEAT],
+        "jobs": fields[JOBS],
+        "min_pass_rate": fields[MIN_PASS_RATE],
+    }
+    return TasksFile(
+        path=path.resolve(),
+        sha256=sha256(path),
+        tasks=fields[TASKS] or (),
+        **{k: v for k, v in given.items() if v is not None},
+    )
