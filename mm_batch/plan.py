@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mm_batch.errors import UsageError
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import (
     DEFAULT_MODEL,
@@ -18,6 +17,7 @@ from mm_batch.config.model import (
     TasksFile,
     TaskSpec,
 )
+from mm_batch.errors import UsageError
 
 # Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
 LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}

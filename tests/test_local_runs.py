@@ -15,8 +15,8 @@ import xmlschema
 
 from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.plan import Overrides, make_plan
 from mm_batch.effects.gguf import server_binary, status
+from mm_batch.plan import Overrides, make_plan
 from tests.conftest import EXAMPLE, JUNIT_XSD, CliResult, write
 
 LIVE_MODEL = "local/qwen2.5-coder-0.5b"

@@ -11,16 +11,15 @@ from typing import Any
 import click
 
 from mm_batch.config.local_catalog import local_model
+from mm_batch.effects.gguf import ensure_gguf
+from mm_batch.effects.host import HostExecutor
+from mm_batch.effects.litellm import LiteLLMClient, load_litellm
+from mm_batch.effects.llama import LlamaServer, ServerError
+from mm_batch.effects.mcp import McpHttpClient
+from mm_batch.effects.watchdog import start_watchdog
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
-from mm_batch.run.ports import Executor, SandboxError
-from mm_batch.effects.host import HostExecutor
-from mm_batch.effects.watchdog import start_watchdog
-from mm_batch.effects.gguf import ensure_gguf
-from mm_batch.effects.mcp import McpHttpClient
-from mm_batch.effects.llama import LlamaServer, ServerError
-from mm_batch.effects.litellm import LiteLLMClient, load_litellm
-from mm_batch.run.ports import ModelClient, ModelError, ModelReply
+from mm_batch.run.ports import Executor, ModelClient, ModelError, ModelReply, SandboxError
 
 
 class _DockerSandboxes:

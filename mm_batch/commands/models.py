@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.errors import ExitCode
 from mm_batch.effects.gguf import LOCAL_EXTRA_HINT, gguf_path, server_binary, status
+from mm_batch.errors import ExitCode
 
 
 def models() -> int:

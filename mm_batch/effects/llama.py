@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 from mm_batch.config.local_catalog import LocalModel
-from mm_batch.effects.host import start_service, stop_service
 from mm_batch.effects.gguf import LOCAL_EXTRA_HINT, LocalModelError, server_binary
+from mm_batch.effects.host import start_service, stop_service
 
 HEALTH_DEADLINE_S = 180.0
 CONTEXT_PER_SLOT = 4096
