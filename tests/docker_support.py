@@ -48,12 +48,12 @@ def require_image(client: Any, image: str) -> None:
         _unavailable(f"image {image} is missing: run containers/build.sh {image.rsplit(':', 1)[1]}")
 
 
-def build_image_without(client: Any, program: str) -> str:
-    """The busybox test image less one program (`sleep`, `sh`), built here from the local image."""
+def build_image_without(client: Any, program: str, base: str = TEST_IMAGE) -> str:
+    """A local image less one program (`sleep`, `sh`, `tar`), built here from `base`."""
     import io
 
     tag = f"mm-batch/sandbox:test-no-{program}"
-    dockerfile = f"FROM {TEST_IMAGE}\nUSER 0\nRUN rm /bin/{program}\nUSER 1000:1000\n"
+    dockerfile = f"FROM {base}\nUSER 0\nRUN rm /bin/{program}\nUSER 1000:1000\n"
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
     return tag
 

@@ -53,7 +53,7 @@ _KILL_TRIES_S = 5.0
 _READ_CHUNK = 65536
 _COPY_ERRORS = "/tmp/.mm-batch-copy-errors"
 # Exit codes of the start-up script, each a clear reason (no program picks them: it runs first).
-_NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE = 90, 91, 92
+_NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE, _NO_TAR = 90, 91, 92, 93
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -396,8 +396,9 @@ class DockerSandbox:
         )
         if snapshot is not None:
             script += (
-                f"tar -xf - -C {WORKSPACE} 2>{_COPY_ERRORS} || "
-                f"{{ head -c 2000 {_COPY_ERRORS}; exit {_COPY_FAILED}; }}\n"
+                f"tar -xf - -C {WORKSPACE} 2>{_COPY_ERRORS}; copied=$?\n"
+                f"[ $copied -ne 127 ] || exit {_NO_TAR}\n"
+                f"[ $copied -eq 0 ] || {{ head -c 2000 {_COPY_ERRORS}; exit {_COPY_FAILED}; }}\n"
                 f"rm -f {_COPY_ERRORS}\n"
             )
         elif self.spec.workspace == "mount":
@@ -420,12 +421,20 @@ class DockerSandbox:
         image = self.spec.image
         output = done.stdout.decode(errors="replace").strip()
         if done.pid == 0:
+            dead = self._start_failure("")
+            if dead.startswith("image "):  # the keep-alive exited first: no sleep to run
+                raise SandboxError(dead)
             raise SandboxError(
                 f"image {image} has no /bin/sh, which the sandbox needs "
                 f"(the runtime said: {output.splitlines()[0][:200] if output else 'nothing'})"
             )
         if done.exit_code == _NO_SLEEP:
             raise SandboxError(f"image {image} has no sleep program, which the sandbox needs")
+        if done.exit_code == _NO_TAR:
+            raise SandboxError(
+                f"image {image} has no tar program, which the copied workspace needs "
+                "(workspace: copy, the default); add tar to the image"
+            )
         if done.exit_code == _COPY_FAILED:
             if "space" in output.lower():
                 room = size_bytes(self.spec.workspace_size)

@@ -19,6 +19,7 @@ from mm_batch.run.ports import (
     McpClient,
     McpError,
     ModelClient,
+    SandboxError,
 )
 from mm_batch.run.pristine import Pristine
 from mm_batch.run.records import (
@@ -192,7 +193,10 @@ class TaskRun:
         executor = self.parts.executor
         original = self.pristine.check_program(agent.directory, argv)
         if original:
-            copies = executor.protect(original)
+            try:
+                copies = executor.protect(original)
+            except SandboxError as exc:
+                raise _SandboxFailedError(f"the sandbox failed during check: {exc}") from exc
             argv = (copies[next(iter(original))], *argv[1:])
         result = executor.execute(argv, agent.directory, {}, CHECK_TIMEOUT_S, self.cancel)
         if result.sandbox_failed:

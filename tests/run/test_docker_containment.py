@@ -29,7 +29,13 @@ from mm_batch.effects.docker import (
     remove_orphans,
 )
 from mm_batch.run.ports import SandboxError
-from tests.docker_support import TEST_IMAGE, build_image_without, containers_of
+from tests.docker_support import (
+    BASE_IMAGE,
+    TEST_IMAGE,
+    build_image_without,
+    containers_of,
+    require_image,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -353,6 +359,9 @@ def test_a_container_killed_mid_call_is_a_sandbox_failure(
 def crippled_images(docker_client: Any) -> Iterator[dict[str, str]]:
     """The busybox image less `sleep`, and less `/bin/sh`, built here from the local image."""
     images = {missing: build_image_without(docker_client, missing) for missing in ("sleep", "sh")}
+    # busybox's shell runs its own tar applet even without the link: take it out of Debian's.
+    require_image(docker_client, BASE_IMAGE)
+    images["tar"] = build_image_without(docker_client, "tar", BASE_IMAGE)
     yield images
     for tag in images.values():
         with contextlib.suppress(Exception):
@@ -364,9 +373,10 @@ def crippled_images(docker_client: Any) -> Iterator[dict[str, str]]:
     [
         ("sleep", "image mm-batch/sandbox:test-no-sleep cannot keep the sandbox running"),
         ("sh", "image mm-batch/sandbox:test-no-sh has no /bin/sh, which the sandbox needs"),
+        ("tar", "image mm-batch/sandbox:test-no-tar has no tar program, which the copied"),
     ],
 )
-def test_an_image_without_sleep_or_sh_is_refused_at_start(
+def test_an_image_without_sleep_sh_or_tar_is_refused_at_start(
     docker_client: Any,
     crippled_images: dict[str, str],
     agent_dir: Path,
