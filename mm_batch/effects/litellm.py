@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import email.utils
+import functools
 import importlib.metadata
+import json
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
-from mm_batch.run.ports import ModelError, ModelReply, ToolCallRequest
+from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
 
 MODEL_TRIES = 3
+# A call's thread may answer this long after its own timeout before it is given up on: httpx's
+# timeout bounds each read, not the whole reply, so a server that trickles bytes is cut here.
+CALL_GRACE_S = 1.0
+DEADLINE_REASON = "the task's deadline came before the model answered"
 _TRANSIENT_STATUS = {408, 409, 429}
+# What litellm 1.110 says when a provider answered with something that is not a completion:
+# a broken or hostile answer is not retried, it is named.
+_MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
+_DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 _import_lock = threading.Lock()
 
 
@@ -26,13 +39,13 @@ class _SharedBackoff:
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}
 
-    def pause(self, model: str, seconds: float) -> None:
+    def pause(self, key: str, seconds: float) -> None:
         with self._lock:
-            self._until[model] = max(self._until.get(model, 0.0), time.monotonic() + seconds)
+            self._until[key] = max(self._until.get(key, 0.0), time.monotonic() + seconds)
 
-    def remaining(self, model: str) -> float:
+    def remaining(self, key: str) -> float:
         with self._lock:
-            return max(0.0, self._until.get(model, 0.0) - time.monotonic())
+            return max(0.0, self._until.get(key, 0.0) - time.monotonic())
 
 
 SHARED_BACKOFF = _SharedBackoff()
@@ -60,7 +73,12 @@ def load_litellm() -> Any:
 
 def _status_code(exc: BaseException) -> int | None:
     code = getattr(exc, "status_code", None)
-    return code if isinstance(code, int) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def is_malformed(exc: BaseException) -> bool:
+    """The provider answered, but not with a chat completion (a 200 that litellm cannot read)."""
+    return _status_code(exc) == 200 or any(mark in str(exc) for mark in _MALFORMED_MARKS)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -75,13 +93,67 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:
+    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date)."""
+    value: object = None
+    response = getattr(exc, "response", None)
+    for headers in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(response, "headers", None),
+    ):
+        getter = getattr(headers, "get", None)
+        if callable(getter):
+            value = getter("retry-after") or getter("Retry-After")
+            if value:
+                break
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)  # never raises; a hostile 5000-digit value is inf, past any deadline
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
 def _short(exc: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(exc).split())
+    # litellm puts a traceback in some messages: the reason is what comes before it.
+    text = " ".join(str(exc).split("Traceback (most recent call last)")[0].split())
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     code = _status_code(exc)
     prefix = f"{type(exc).__name__}" + (f" (HTTP {code})" if code is not None else "")
     return f"{prefix}: {text}"
+
+
+class _OverdueError(Exception):
+    """A call's thread did not answer within its timeout and grace."""
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """Run `call` on a thread of its own: its result, its exception, or `_OverdueError`."""
+    outcome: list[tuple[bool, Any]] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the waiting thread, which decides
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="mm-batch-model-call", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        raise _OverdueError()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 class LiteLLMClient:
@@ -107,69 +179,116 @@ class LiteLLMClient:
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
     ) -> ModelReply:
-        litellm = load_litellm()
-        call_timeout = max(1.0, min(self.timeout, timeout))
+        """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
         started = time.monotonic()
+        deadline = started + timeout
+        litellm = load_litellm()
+        pause_key = f"{self.model}\0{self.options.get('api_base')}"
         last: BaseException | None = None
         for attempt in range(1, self.tries + 1):
-            wait = SHARED_BACKOFF.remaining(self.model)
-            if wait > 0:
-                self._sleep(wait)
+            self._wait(SHARED_BACKOFF.remaining(pause_key), deadline)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ModelDeadlineError(DEADLINE_REASON)
+            call_timeout = min(self.timeout, left)
             try:
-                response = litellm.completion(
-                    model=self.model,
-                    messages=messages,
-                    tools=tools or None,
-                    timeout=call_timeout,
-                    num_retries=0,
-                    **self.options,
+                response = _within(
+                    call_timeout + CALL_GRACE_S,
+                    functools.partial(
+                        litellm.completion,
+                        model=self.model,
+                        messages=messages,
+                        tools=tools or None,
+                        timeout=call_timeout,
+                        num_retries=0,
+                        **self.options,
+                    ),
                 )
+            except _OverdueError:
+                if time.monotonic() >= deadline:
+                    raise ModelDeadlineError(DEADLINE_REASON) from None
+                last = TimeoutError(f"no answer within {call_timeout:g} s")
             except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise ModelDeadlineError(DEADLINE_REASON) from exc
+                if is_malformed(exc):
+                    raise ModelError(f"the model sent a malformed response: {_short(exc)}") from exc
                 if not is_transient(exc):
                     raise ModelError(f"the model refused the request: {_short(exc)}") from exc
                 last = exc
-                if attempt < self.tries:
-                    delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
-                    if _status_code(exc) == 429:
-                        SHARED_BACKOFF.pause(self.model, delay)  # the others wait with this run
-                    else:
-                        self._sleep(delay)
-                continue
-            return _reply(response, time.monotonic() - started, attempt)
+            else:
+                return _reply(response, time.monotonic() - started, attempt)
+            if attempt < self.tries:
+                delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+                asked = retry_after_s(last)
+                delay = max(delay, asked) if asked is not None else delay
+                if time.monotonic() + delay >= deadline:
+                    raise ModelDeadlineError(DEADLINE_REASON) from last
+                if _status_code(last) == 429:
+                    SHARED_BACKOFF.pause(pause_key, delay)  # the others wait with this run
+                else:
+                    self._sleep(delay)
         assert last is not None
         raise ModelError(
             f"the model could not be reached after {self.tries} tries: {_short(last)}"
         ) from last
 
+    def _wait(self, seconds: float, deadline: float) -> None:
+        """Sleep, unless the wait would pass the deadline: then the task has timed out."""
+        if seconds <= 0:
+            return
+        if time.monotonic() + seconds >= deadline:
+            raise ModelDeadlineError(DEADLINE_REASON)
+        self._sleep(seconds)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _arguments(value: object) -> str | None:
+    """Tool-call arguments as the string they should be; an object some servers send, as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
 
 def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
-    try:
-        choice = response.choices[0]
-        message = choice.message
-    except (AttributeError, IndexError, TypeError) as exc:
-        raise ModelError("the model sent a response with no choices") from exc
+    """The first choice as a `ModelReply`; a reply that has none is a `ModelError`."""
+    choices = getattr(response, "choices", None)
+    if not isinstance(choices, list | tuple) or not choices:
+        raise ModelError("the model sent a malformed response: it has no choices")
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise ModelError("the model sent a malformed response: its choice has no message")
+    raw_calls = getattr(message, "tool_calls", None)
     calls: list[ToolCallRequest] = []
-    for i, call in enumerate(getattr(message, "tool_calls", None) or []):
+    for i, call in enumerate(raw_calls if isinstance(raw_calls, list | tuple) else []):
         function = getattr(call, "function", None)
-        name = getattr(function, "name", None)
-        arguments = getattr(function, "arguments", None)
+        call_id = getattr(call, "id", None)
         calls.append(
             ToolCallRequest(
-                id=str(getattr(call, "id", None) or f"call_{i}"),
-                name=str(name or ""),
-                raw_arguments=arguments
-                if isinstance(arguments, str) or arguments is None
-                else str(arguments),
+                id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
+                # A call without a usable name is answered as a call of no tool, never guessed.
+                name=_text(getattr(function, "name", None)) or "",
+                raw_arguments=_arguments(getattr(function, "arguments", None)),
             )
         )
     usage = getattr(response, "usage", None)
-    content = getattr(message, "content", None)
     return ModelReply(
-        text=content if isinstance(content, str) else None,
+        text=_text(getattr(message, "content", None)),
         tool_calls=tuple(calls),
-        finish_reason=getattr(choice, "finish_reason", None),
-        prompt_tokens=getattr(usage, "prompt_tokens", None),
-        completion_tokens=getattr(usage, "completion_tokens", None),
+        finish_reason=_text(getattr(choice, "finish_reason", None)),
+        prompt_tokens=_count(getattr(usage, "prompt_tokens", None)),
+        completion_tokens=_count(getattr(usage, "completion_tokens", None)),
         latency_s=latency_s,
         attempts=attempts,
     )

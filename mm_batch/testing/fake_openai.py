@@ -2,7 +2,9 @@
 
 It records every request it receives. A script maps each request to a reply; `by_prompt`
 scripts conversations by their first user message and turn number, so parallel runs are
-deterministic. Useful to test a pipeline offline, without any model.
+deterministic. Useful to test a pipeline offline, without any model. A reply is an assistant
+message, an `HttpFailure`, a `Finished` message (any `finish_reason`), a `RawReply` (any bytes,
+status and headers: what a hostile or broken provider sends), or one of these `Delayed`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -25,9 +27,35 @@ class HttpFailure:
 
     status: int
     message: str = "scripted failure"
+    headers: Mapping[str, str] = field(default_factory=dict)  # e.g. {"Retry-After": "4"}
 
 
-Reply = dict[str, Any] | HttpFailure
+@dataclass(frozen=True)
+class RawReply:
+    """Answer with exactly these bytes, this status and these headers (Content-Length added)."""
+
+    body: bytes
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A completion whose choice ends with this `finish_reason` (e.g. "length")."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Delayed:
+    """Send this reply after a pause, for this request only."""
+
+    reply: Reply
+    seconds: float
+
+
+Reply = dict[str, Any] | HttpFailure | RawReply | Finished | Delayed
 Script = Callable[[dict[str, Any]], Reply]
 _ids = itertools.count(1)
 
@@ -141,19 +169,21 @@ class FakeOpenAI:
                 if fake.latency_s:
                     time.sleep(fake.latency_s)
                 reply = fake.script(body)
-                if isinstance(reply, HttpFailure):
-                    self._send(
-                        reply.status,
-                        {
-                            "error": {
-                                "message": reply.message,
-                                "type": "scripted",
-                                "code": reply.status,
-                            }
-                        },
-                    )
+                while isinstance(reply, Delayed):
+                    time.sleep(reply.seconds)
+                    reply = reply.reply
+                if isinstance(reply, RawReply):
+                    self._send_bytes(reply.status, reply.body, reply.headers)
                     return
-                finish = "tool_calls" if reply.get("tool_calls") else "stop"
+                if isinstance(reply, HttpFailure):
+                    error = {"message": reply.message, "type": "scripted", "code": reply.status}
+                    self._send(reply.status, {"error": error}, reply.headers)
+                    return
+                if isinstance(reply, Finished):
+                    message, finish = reply.message, reply.finish_reason
+                else:
+                    message = reply
+                    finish = "tool_calls" if reply.get("tool_calls") else "stop"
                 self._send(
                     200,
                     {
@@ -161,18 +191,28 @@ class FakeOpenAI:
                         "object": "chat.completion",
                         "created": int(time.time()),
                         "model": body.get("model", "fake"),
-                        "choices": [{"index": 0, "message": reply, "finish_reason": finish}],
+                        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
                         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
                     },
                 )
 
-            def _send(self, status: int, payload: dict[str, Any]) -> None:
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None
+            ) -> None:
+                # ensure_ascii: a scripted lone surrogate goes out as its JSON escape
                 data = json.dumps(payload).encode()
+                self._send_bytes(
+                    status, data, {"Content-Type": "application/json", **(headers or {})}
+                )
+
+            def _send_bytes(self, status: int, data: bytes, headers: Mapping[str, str]) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                with contextlib.suppress(OSError):  # the client may have given up waiting
+                    self.wfile.write(data)
 
             def log_message(self, *_args: Any) -> None:
                 return

@@ -9,8 +9,12 @@ from functools import lru_cache
 
 from mm_batch.config.model import AllowRule
 
-# A glob rule never matches a command holding any of these: only an exact rule can.
-SHELL_METACHARACTERS = frozenset(";&|$`<>()\n")
+# A glob rule never matches a command holding any of these: only an exact rule can. With them
+# bash chains or backgrounds a second command (; & |), substitutes one ($ ` and $'..' quoting),
+# redirects (< >), opens a subshell or a group (( ) { }), expands one word into several programs'
+# worth of words ({a,b}), or escapes what follows (\, also before a newline).
+SHELL_METACHARACTERS = frozenset(";&|$`<>(){}\\")
+SHOWN_VALUE_LIMIT = 120  # a refusal quotes at most this much of each value
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,27 @@ def glob_match(pattern: str, value: str) -> bool:
     return _glob(pattern).fullmatch(value) is not None
 
 
+def glob_safe(command: str) -> bool:
+    """Whether a glob rule may match this command: no metacharacter and no control character
+    (a newline or carriage return ends a line, a NUL or escape hides what follows), tab aside."""
+    return not any(
+        c in SHELL_METACHARACTERS or (c != "\t" and (c < " " or c == "\x7f")) for c in command
+    )
+
+
 def bash_rule_matches(pattern: str, command: str) -> bool:
     if "*" not in pattern:
         return pattern == command
-    if any(c in SHELL_METACHARACTERS for c in command):
-        return False
-    return glob_match(pattern, command)
+    return glob_safe(command) and glob_match(pattern, command)
+
+
+def _shown(arguments: Mapping[str, str]) -> str:
+    def clip(value: str) -> str:
+        if len(value) <= SHOWN_VALUE_LIMIT:
+            return value
+        return value[: SHOWN_VALUE_LIMIT - 3] + "..."
+
+    return ", ".join(f"{clip(k)}={clip(v)}" for k, v in arguments.items())
 
 
 def decide(
@@ -48,16 +67,20 @@ def decide(
     """Whether a validated call may run. `arguments` are the coerced values, rendered."""
     if yolo:
         return Decision(True, "yolo")
+    builtin_bash = tool == "bash" or bash_command is not None
     for rule in rules:
-        if bash_command is not None and rule.bash is not None:
-            if bash_rule_matches(rule.bash, bash_command):
+        if builtin_bash:
+            # Only `bash:` rules consent to the built-in: a `{tool: bash, args: ...}` rule would
+            # match its command with a plain glob, metacharacters and all.
+            matched = rule.bash is not None and bash_command is not None
+            if matched and bash_rule_matches(rule.bash or "", bash_command or ""):
                 return Decision(True, rule.label)
             continue
-        if rule.tool != tool:
+        if rule.bash is not None or rule.tool != tool:
             continue
         patterns = rule.args or {}
         if all(k in arguments and glob_match(p, arguments[k]) for k, p in patterns.items()):
             return Decision(True, rule.label)
-    shown = ", ".join(f"{k}={v}" for k, v in arguments.items())
+    shown = _shown(arguments)
     with_args = f" with {shown}" if shown else ""
     return Decision(False, None, f"refused: {tool}{with_args} is not on this run's allowlist")

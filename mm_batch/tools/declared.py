@@ -17,6 +17,11 @@ from mm_batch.config.load import PLACEHOLDER_RE
 from mm_batch.config.model import ParamSpec, ToolSpec, Value, render_value
 
 MAX_VALUE_BYTES = 64 * 1024
+MAX_INTEGER_DIGITS = 30
+_DIGITS_LIMIT = 10**MAX_INTEGER_DIGITS  # a magnitude below this has at most 30 digits
+MAX_NESTING = 64  # as for the files mm-batch reads: deeper JSON is refused, never recursed into
+MAX_PROBLEMS = 20  # an invalid answer lists at most this many problems
+QUOTE_LIMIT = 16 * 1024  # what an invalid answer quotes of the model's arguments, like output
 CLOSING_SENTENCE = "Give each parameter as its own field."
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
 _NUMBER_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?")
@@ -81,16 +86,60 @@ def model_schema(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
+class _LongIntegerError(ValueError):
+    """An integer literal of the model's JSON is over the digit limit: never made an int."""
+
+    def __init__(self, digits: int) -> None:
+        super().__init__(f"an integer of {digits} digits")
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int:
+    # Checked before int(): over 4300 digits int() raises, and str() of a huge int raises too.
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INTEGER_DIGITS:
+        raise _LongIntegerError(digits)
+    return int(text)
+
+
+_ARGUMENTS_DECODER = json.JSONDecoder(parse_int=_parse_int)
+
+
+def _depth(data: Any) -> int:
+    """How deep the JSON value nests (a scalar is 0), walked without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((item, depth + 1) for item in value)
+    return deepest
+
+
 def parse_arguments(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The model's raw argument string as a JSON object, or why it is not one."""
+    """The model's raw argument string as a JSON object, or why it is not one.
+
+    An object it returns holds no integer over 30 digits and nests at most 64 levels, so that
+    anything downstream (str(), json.dumps, the loop detector's key) can handle it.
+    """
     if raw is None or not raw.strip() or raw.strip() == "null":
         return {}, None
     try:
-        data = json.loads(raw)
+        data = _ARGUMENTS_DECODER.decode(raw)
+    except _LongIntegerError as exc:
+        return None, (
+            f"the arguments hold an integer of {exc.digits} digits; "
+            f"integers have at most {MAX_INTEGER_DIGITS}"
+        )
     except (ValueError, RecursionError):
         return None, "the arguments are not valid JSON"
     if not isinstance(data, dict):
         return None, f"the arguments must be a JSON object, got a JSON {_json_kind(data)}"
+    if _depth(data) > MAX_NESTING:
+        return None, f"the arguments nest deeper than {MAX_NESTING} levels"
     return data, None
 
 
@@ -108,11 +157,51 @@ def _json_kind(value: Any) -> str:
     return "object"
 
 
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A value as JSON, cut short: for reasons, never for what runs."""
+    if isinstance(value, str):
+        return json.dumps(_clip(value), ensure_ascii=False)
+    return _clip(json.dumps(value, ensure_ascii=False))
+
+
+def _digit_count(text: str) -> int:
+    return len(text.lstrip("-").split(".")[0])
+
+
+def _too_many_digits(shown: str) -> str:
+    return f"the value {shown} has over {MAX_INTEGER_DIGITS} digits"
+
+
+def _coerce_number(param: ParamSpec, value: Any, shown: str) -> tuple[Value | None, str | None]:
+    """An integer or number parameter: finite, at most 30 digits before the point."""
+    integer = param.type == "integer"
+    number: int | float | None = None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return None, f"expected a finite number, got {shown}"
+        number = int(value) if integer and value.is_integer() else value
+    elif isinstance(value, str) and (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(value):
+        if _digit_count(value) > MAX_INTEGER_DIGITS:
+            return None, _too_many_digits(shown)
+        number = float(value) if "." in value else int(value)
+    if number is None or (integer and not isinstance(number, int)):
+        return None, f"expected {'an integer' if integer else 'a number'}, got {shown}"
+    if abs(number) >= _DIGITS_LIMIT:
+        return None, _too_many_digits(shown)
+    return number, None
+
+
 def coerce(param: ParamSpec, value: Any) -> tuple[Value | None, str | None]:
     """Coerce one JSON value leniently: only what needs no guess. Returns (value, problem)."""
-    shown = json.dumps(value, ensure_ascii=False)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
+    shown = _shown(value)
     if param.type == "json":
         return value, None
     if param.type == "string":
@@ -124,22 +213,8 @@ def coerce(param: ParamSpec, value: Any) -> tuple[Value | None, str | None]:
                 "(in quotes), exactly as it should be written"
             )
         return None, f"expected a string, got a JSON {_json_kind(value)} ({shown})"
-    if param.type == "integer":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value), None
-        if isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
-            return int(value), None
-        return None, f"expected an integer, got {shown}"
-    if param.type == "number":
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if math.isfinite(value):
-                return value, None
-            return None, f"expected a finite number, got {shown}"
-        if isinstance(value, str) and _NUMBER_TEXT.fullmatch(value):
-            return (float(value) if "." in value else int(value)), None
-        return None, f"expected a number, got {shown}"
+    if param.type in ("integer", "number"):
+        return _coerce_number(param, value, shown)
     if isinstance(value, bool):
         return value, None
     if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -147,30 +222,75 @@ def coerce(param: ParamSpec, value: Any) -> tuple[Value | None, str | None]:
     return None, f"expected true or false, got {shown}"
 
 
-def _stands_alone(tool: ToolSpec, name: str) -> bool:
-    """Whether the parameter's value would be a whole argv entry (where `-x` is an option)."""
-    for entry in tool.command[1:]:
-        match = PLACEHOLDER_RE.fullmatch(entry)
-        if match is not None and match.group(1).strip() == name:
-            return True
-    return False
+def _text_problem(text: str) -> str | None:
+    """Why a string cannot be put into argv, a file or a request as it is; None when it can."""
+    if "\x00" in text:
+        return "the value contains a NUL byte"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        char = f"U+{ord(text[exc.start]):04X}"
+        return f"the value holds a character that cannot be encoded ({char}, a lone surrogate)"
+    if size > MAX_VALUE_BYTES:
+        return f"the value is over {MAX_VALUE_BYTES // 1024} KiB"
+    return None
 
 
-def _value_problem(tool: ToolSpec, param: ParamSpec, value: Value) -> str | None:
+def _json_problem(value: Any) -> str | None:
+    """Why a free-form JSON value (an MCP argument) cannot be sent on as it is."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            problem = _text_problem(item)
+            if problem is not None:
+                return problem
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"the value holds a non-finite number ({item})"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    if len(json.dumps(value, ensure_ascii=False).encode("utf-8")) > MAX_VALUE_BYTES:
+        return f"the value is over {MAX_VALUE_BYTES // 1024} KiB"
+    return None
+
+
+def _value_problem(param: ParamSpec, value: Value) -> str | None:
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem is not None:
+            return problem
+    elif param.type == "json":
+        problem = _json_problem(value)
+        if problem is not None:
+            return problem
     if param.enum is not None and value not in param.enum:
         allowed = ", ".join(render_value(v) for v in param.enum)
-        return f"{render_value(value)!r} is not one of: {allowed}"
-    if isinstance(value, str):
-        if "\x00" in value:
-            return "the value contains a NUL byte"
-        if len(value.encode("utf-8", "surrogatepass")) > MAX_VALUE_BYTES:
-            return f"the value is over {MAX_VALUE_BYTES // 1024} KiB"
-        if value.startswith("-") and not param.allow_dash and _stands_alone(tool, param.name):
-            return (
-                f"the value {value[:40]!r} begins with '-' and would be read as an option of "
-                "the command"
-            )
+        return f"{_clip(render_value(value))!r} is not one of: {allowed}"
     return None
+
+
+def _dash_problems(tool: ToolSpec, values: dict[str, Value]) -> list[str]:
+    """Values that would begin their argv entry with '-': the program would read an option."""
+    problems: list[str] = []
+    for entry in tool.command:
+        rendered = _render_entry(entry, values)
+        if rendered is None:
+            continue
+        text, leader = rendered
+        param = tool.param(leader) if leader is not None else None
+        if param is None or param.allow_dash or not text.startswith("-"):
+            continue
+        problem = (
+            f"{param.name}: the value {_shown(render_value(values[param.name]))} begins with "
+            f"'-' and would begin the argv entry {_shown(entry)}, where the program would read "
+            "it as an option"
+        )
+        if problem not in problems:
+            problems.append(problem)
+    return problems
 
 
 def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | InvalidCall:
@@ -182,7 +302,9 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
         problems.append(problem or "the arguments are not a JSON object")
     else:
         known = {p.name for p in tool.params}
-        problems.extend(f"unknown parameter '{name}'" for name in data if name not in known)
+        problems.extend(
+            f"unknown parameter {_shown(name)[1:-1]!r}" for name in data if name not in known
+        )
         for param in tool.params:
             raw = data.get(param.name)
             if raw is None:
@@ -193,12 +315,17 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
                 continue
             value, why = coerce(param, raw)
             if value is not None:
-                why = _value_problem(tool, param, value)
+                why = _value_problem(param, value)
             if why is not None or value is None:
                 problems.append(f"{param.name}: {why}")
                 continue
             coerced[param.name] = value
+        if not problems:
+            problems.extend(_dash_problems(tool, coerced))
     if problems:
+        if len(problems) > MAX_PROBLEMS:
+            more = len(problems) - MAX_PROBLEMS
+            problems = [*problems[:MAX_PROBLEMS], f"... and {more} more problems"]
         return InvalidCall(
             tuple(problems),
             invalid_answer(
@@ -214,7 +341,14 @@ def invalid_answer(
     """What an invalid call is answered with: what was wrong, the call quoted, each parameter."""
     lines = [f"Invalid call of {tool_name}; it did not run."]
     lines.extend(f"- {p}" for p in problems)
-    lines.append(f"You sent: {raw_arguments if raw_arguments is not None else '(no arguments)'}")
+    if raw_arguments is None:
+        sent = "(no arguments)"
+    elif len(raw_arguments) > QUOTE_LIMIT:
+        cut = len(raw_arguments) - QUOTE_LIMIT
+        sent = f"{raw_arguments[:QUOTE_LIMIT]} [... {cut} more characters cut ...]"
+    else:
+        sent = raw_arguments
+    lines.append(f"You sent: {sent}")
     if parameter_lines:
         lines.append(f"Parameters of {tool_name}:")
         lines.extend(parameter_lines)
@@ -224,12 +358,33 @@ def invalid_answer(
     return "\n".join(lines)
 
 
+def _render_entry(entry: str, values: dict[str, Value]) -> tuple[str, str | None] | None:
+    """An argv entry with its values put in, and the parameter whose value begins it (when
+    nothing non-empty comes before that value); None when an absent parameter drops it."""
+    pieces: list[str] = []
+    leader: str | None = None
+    begun = False
+    position = 0
+    for match in PLACEHOLDER_RE.finditer(entry):
+        name = match.group(1).strip()
+        if name not in values:
+            return None
+        literal = entry[position : match.start()]
+        value = render_value(values[name])
+        begun = begun or bool(literal)
+        if not begun and value:
+            leader, begun = name, True
+        pieces.extend((literal, value))
+        position = match.end()
+    pieces.append(entry[position:])
+    return "".join(pieces), leader
+
+
 def render_argv(tool: ToolSpec, values: dict[str, Value]) -> tuple[str, ...]:
     """Put each value inside its argv entry in one pass: never re-expanded, split or globbed."""
     argv: list[str] = []
     for entry in tool.command:
-        names = [m.strip() for m in PLACEHOLDER_RE.findall(entry)]
-        if any(name not in values for name in names):
-            continue  # an absent optional parameter without default drops its entry
-        argv.append(PLACEHOLDER_RE.sub(lambda m: render_value(values[m.group(1).strip()]), entry))
+        rendered = _render_entry(entry, values)
+        if rendered is not None:  # an absent optional parameter without default drops its entry
+            argv.append(rendered[0])
     return tuple(argv)
