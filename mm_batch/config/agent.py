@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import yaml
+
 from mm_batch.config.env import ENV_NAME_RE, Expander
 from mm_batch.config.fields import Fields, HasReader, Key, choice, one_of, read_fields, scalar
 from mm_batch.config.model import (
@@ -38,6 +40,7 @@ PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 SERVER_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,31}")
 PLACEHOLDER_RE = re.compile(r"\{\{(.*?)\}\}")
 SIZE_RE = re.compile(r"([0-9]{1,30})([bkmg]?)")
+_INTEGER_RE = re.compile(r"[0-9]{1,30}")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 MAX_SIZE = 1024 * 1024**3  # 1024g: beyond it a size is a typo, not a machine
 MIN_MEMORY = 6 * 1024**2  # Docker refuses a smaller memory limit
@@ -174,7 +177,12 @@ def _hooks(ctx: _Agent, at: At, _: Fields) -> HooksSpec | None:
 
 def size_bytes(reader: Reader, at: At, *, minimum: int = 1) -> str | None:
     """A size such as 512m or 1g, normalised to lower case; zero and absurd sizes refused."""
-    text = reader.string(at, non_empty=True)
+    node = at.node
+    plain_number = isinstance(node, yaml.ScalarNode) and node.style is None
+    if plain_number and _INTEGER_RE.fullmatch(str(node.value)):
+        text: str | None = str(node.value)  # bytes, as Docker reads a bare number
+    else:
+        text = reader.string(at, non_empty=True)
     if text is None:
         return None
     match = SIZE_RE.fullmatch(text.lower())
@@ -582,7 +590,7 @@ def glob_warnings(reader: Reader, allow_at: At, rules: tuple[AllowRule, ...]) ->
         if not risky:
             continue
         at = At(items[rule.index], f"{allow_at.path}[{rule.index}]")
-        runs = risky[0] if "*" not in program else f"any program, {', '.join(risky)} among them"
+        runs = program if "*" not in program else f"any program, {', '.join(risky)} among them"
         warnings.append(
             Problem(
                 reader.file,

@@ -32,6 +32,7 @@ _NULL = "tag:yaml.org,2002:null"
 _INTEGER_RE = re.compile(r"[-+]?[0-9]+")
 _NUMBER_RE = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
 _DIGITS_RE = re.compile(r"[-+]?[0-9_]+")
+_NON_FINITE_RE = re.compile(r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _TRUE_FALSE = {"true": True, "false": False}
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -465,6 +466,8 @@ def _scalar_problem(resolver: Resolver, event: yaml.ScalarEvent) -> str | None:
     if tag == _INT or (plain and _DIGITS_RE.fullmatch(value)):
         return digits_problem(value.replace("_", ""))
     if tag == _FLOAT:
+        if _NON_FINITE_RE.fullmatch(value):
+            return f"a non-finite number is refused: '{excerpt(value)}'"
         try:
             number = float(value.replace("_", ""))
         except ValueError:

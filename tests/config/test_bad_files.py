@@ -1,4 +1,8 @@
-"""Every bad file in tests/config/bad/ is refused with exactly the messages in its expected.txt."""
+"""Every bad file in tests/config/bad/ is refused with exactly the messages in its expected.txt.
+
+`validate` and `run` alike: exit 2, the same lines on stderr, no results folder, no model asked.
+The cases that are attacks run in tests/adversarial/test_config_attacks.py.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from mm_batch.testing.fake_openai import FakeOpenAI
+from tests.config.corpus import cases, marking_model, refused_everywhere
 from tests.conftest import CliResult
 
-BAD = Path(__file__).parent / "bad"
-CASES = sorted(p.name for p in BAD.iterdir() if p.is_dir())
+CASES = cases(attacks=False)
+__all__ = ["marking_model"]  # the fixture, shared with the attack cases
 
 
 def test_the_corpus_is_there() -> None:
-    assert len(CASES) >= 12
+    assert len(CASES) >= 18
+    assert len(CASES) + len(cases(attacks=True)) >= 40
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_bad_file_is_refused_with_its_exact_message(
-    case: str, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+    case: str,
+    cli: Callable[..., CliResult],
+    marking_model: FakeOpenAI,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("MM_BATCH_TEST_UNSET_VAR", raising=False)
     monkeypatch.delenv("MM_BATCH_TEST_UNSET_TOKEN", raising=False)
-    result = cli("validate", "tasks.yaml", cwd=BAD / case)
-    assert result.code == 2
-    assert result.err == (BAD / case / "expected.txt").read_text()
-    assert result.out == ""
-
-
-@pytest.mark.parametrize("case", ["program-from-parameter", "tasks-problems"])
-def test_run_validates_first_and_runs_nothing(
-    case: str, cli: Callable[..., CliResult], tmp_path: Path
-) -> None:
-    out = tmp_path / "out"
-    result = cli("run", BAD / case / "tasks.yaml", "--out", out, "--model", "hosted_vllm/x")
-    assert result.code == 2
-    assert "configuration error(s); nothing ran" in result.err
-    assert not out.exists()
+    refused_everywhere(case, cli, marking_model, tmp_path)
