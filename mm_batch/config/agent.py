@@ -30,7 +30,7 @@ from mm_batch.config.model import (
     WorkspaceMode,
     render_value,
 )
-from mm_batch.config.paths import sha256
+from mm_batch.config.paths import path_kind, sha256, unusable
 from mm_batch.config.problems import Problem
 from mm_batch.config.skills import read_skill_folders
 from mm_batch.config.yamlnodes import At, Reader, excerpt
@@ -400,7 +400,14 @@ def _command(ctx: _Agent, at: At, earlier: Fields) -> tuple[str, ...] | None:
 
 def _workdir(ctx: _Agent, at: At, _: Fields) -> Path | None:
     rel = ctx.reader.string(at, non_empty=True)
-    return None if rel is None else (ctx.directory / rel).resolve()
+    if rel is None:
+        return None
+    workdir = (ctx.directory / rel).resolve()
+    kind = path_kind(workdir)
+    if isinstance(kind, OSError):  # a folder made later is fine; a name no folder can have is not
+        ctx.reader.problem(at, unusable(kind))
+        return None
+    return workdir
 
 
 def _env(ctx: _Agent, at: At, _: Fields) -> dict[str, str] | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import stat
 from pathlib import Path
+from typing import Literal
 
 
 def display_path(path: Path) -> str:
@@ -19,3 +21,24 @@ def sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return ""
+
+
+PathKind = Literal["file", "folder", "missing", "other"]
+
+
+def path_kind(path: Path) -> PathKind | OSError:
+    """What a path names, or why it cannot be looked at (a name too long, a loop of links)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as exc:
+        return exc
+    if stat.S_ISREG(mode):
+        return "file"
+    return "folder" if stat.S_ISDIR(mode) else "other"
+
+
+def unusable(exc: OSError) -> str:
+    """An OSError about a path, as a message that does not repeat the (maybe huge) path."""
+    return f"cannot use this path: {exc.strerror or exc}"

@@ -8,7 +8,7 @@ from typing import Any
 
 from mm_batch.config.fields import HasReader, Key, read_fields, scalar
 from mm_batch.config.model import Skill
-from mm_batch.config.paths import display_path
+from mm_batch.config.paths import display_path, path_kind, unusable
 from mm_batch.config.problems import Problem
 from mm_batch.config.yamlnodes import At, Reader, excerpt
 
@@ -39,7 +39,11 @@ def read_skill_folders(reader: Reader, at: At, directory: Path) -> tuple[Skill, 
         if rel is None:
             continue
         folder = (directory / rel).resolve()
-        if not folder.is_dir():
+        kind = path_kind(folder)
+        if isinstance(kind, OSError):
+            reader.problem(item, unusable(kind))
+            continue
+        if kind != "folder":
             reader.problem(item, f"skills folder not found: {excerpt(rel)}")
             continue
         for path in sorted(folder.glob("*/SKILL.md")):

@@ -21,7 +21,7 @@ from mm_batch.config.model import (
     ToolSpec,
     Value,
 )
-from mm_batch.config.paths import sha256
+from mm_batch.config.paths import path_kind, sha256, unusable
 from mm_batch.config.yamlnodes import At, Reader, excerpt
 
 TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -45,7 +45,11 @@ class _Tasks:
             return None
         path = (self.base / rel).resolve()
         if path not in self.agents:
-            if not path.is_file():
+            kind = path_kind(path)
+            if isinstance(kind, OSError):
+                self.reader.problem(at, unusable(kind))
+                self.agents[path] = None
+            elif kind != "file":
                 self.reader.problem(at, f"agent file not found: {excerpt(rel)}")
                 self.agents[path] = None
             else:
