@@ -15,15 +15,8 @@ from typing import Any
 import pytest
 import xmlschema
 
-from mm_batch.effects.docker import (
-    LABEL,
-    LABEL_HOST,
-    LABEL_PID,
-    LABEL_PID_NS,
-    LABEL_PID_START,
-    LABEL_RUN,
-    _pid_namespace,
-)
+from mm_batch.effects.docker import LABEL, LABEL_PID_NS, LABEL_RUN, _pid_namespace
+from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
 from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, write
 from tests.docker_support import (
@@ -259,12 +252,12 @@ def _labelled(client: Any, run: str, pid: int, start: str) -> Any:
 def test_orphans_of_a_killed_run_are_removed_but_never_a_live_runs(
     docker_client: Any, cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
 ) -> None:
-    from mm_batch.effects.docker import _process_start
+    from mm_batch.effects.watchdog import process_start
 
     dead = subprocess.Popen(["true"])
     dead.wait()
     _labelled(docker_client, "orphan-of-killed-run", dead.pid, "1")
-    live = _labelled(docker_client, "live-run", os.getpid(), _process_start(os.getpid()))
+    live = _labelled(docker_client, "live-run", os.getpid(), process_start(os.getpid()))
     try:
         fake = fake_model(by_prompt(GOOD))
         cli(

@@ -33,15 +33,13 @@ from typing import Any
 
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.host import KILL_GRACE_S, LOG_LIMIT, Sink
+from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START, process_start
 from mm_batch.run.ports import EMPTY, Captured, ExecResult, SandboxError
 
 WORKSPACE = PurePosixPath("/workspace")
 LABEL = "mm-batch"
 LABEL_RUN = "mm-batch.run"
-LABEL_PID = "mm-batch.pid"
-LABEL_PID_START = "mm-batch.pid-start"
 LABEL_PID_NS = "mm-batch.pid-ns"
-LABEL_HOST = "mm-batch.host"
 ENGINE_TIMEOUT_S = 20.0  # every engine request; with the probe below, a stall fails in < 60 s
 PROBE_AFTER_S = 10.0  # a call whose stream is quiet this long asks the engine whether it answers
 PROBE_TIMEOUT_S = 10.0
@@ -55,14 +53,6 @@ _COPY_ERRORS = "/tmp/.mm-batch-copy-errors"
 # Exit codes of the start-up script, each a clear reason (no program picks them: it runs first).
 _NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE, _NO_TAR = 90, 91, 92, 93
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
-
-def _process_start(pid: int) -> str:
-    """The kernel's start time of a process: with the pid, it tells a live run from a reused pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def _pid_namespace() -> str:
@@ -120,7 +110,7 @@ def remove_orphans(client: Any) -> int:
             pid, start = int(str(labels.get(LABEL_PID))), labels.get(LABEL_PID_START)
             if pid <= 0 or not isinstance(start, str):
                 continue
-            if _process_start(pid) == start:
+            if process_start(pid) == start:
                 continue  # a live run: never touch it
             client.api.remove_container(str(item["Id"]), force=True)
             removed += 1
@@ -373,7 +363,7 @@ class DockerSandbox:
                     LABEL: "1",
                     LABEL_RUN: self.run_id,
                     LABEL_PID: str(pid),
-                    LABEL_PID_START: _process_start(pid),
+                    LABEL_PID_START: process_start(pid),
                     LABEL_PID_NS: _pid_namespace(),
                     LABEL_HOST: socket.gethostname(),
                 },
