@@ -16,6 +16,7 @@ import click
 
 from mm_batch import __version__
 from mm_batch.commands.effects import default_effects
+from mm_batch.commands.inspect import show_warnings
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.secrets import Masker
@@ -94,6 +95,7 @@ def run(
     effects: Effects | None = None,
 ) -> int:
     tasks_file = load_tasks(tasks_path)
+    show_warnings(tasks_file.warnings)
     plan = make_plan(tasks_file, overrides)
     _check_supported(plan)
     problem = unwritable(out_dir)  # before any server starts or any result is replaced

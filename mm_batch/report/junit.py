@@ -9,7 +9,7 @@ from typing import Any
 
 from junit_xml import TestCase, TestSuite
 
-from mm_batch.plan import Plan
+from mm_batch.plan import Plan, classname
 from mm_batch.run.records import RunResult
 
 # Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
@@ -32,10 +32,6 @@ def _bounded(text: str, limit: int) -> str:
         return text
     marker = f"\n[... {len(text) - limit} more characters cut ...]"
     return text[: max(limit - len(marker), 0)] + marker
-
-
-def classname(suite: str, model: str) -> str:
-    return f"{suite}.{model.replace('.', '_').replace('/', '_')}"
 
 
 def _case(plan: Plan, result: RunResult) -> TestCase:

@@ -10,7 +10,8 @@ import pytest
 from mm_batch.config.load import load_tasks
 from mm_batch.config.problems import ConfigError
 from mm_batch.config.yamlnodes import MAX_QUOTED, excerpt, one_edit_apart
-from tests.conftest import CliResult, write
+from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
+from tests.conftest import CliResult, model_args, write
 
 Cli = Callable[..., CliResult]
 AGENT = """\
@@ -46,7 +47,9 @@ def test_validate_says_which_kind_of_file_it_read(cli: Cli, tmp_path: Path) -> N
     )
 
 
-def test_bash_globs_over_programs_that_run_programs_warn_but_pass(cli: Cli, tmp_path: Path) -> None:
+def test_bash_globs_over_programs_that_run_programs_warn_but_pass(
+    cli: Cli, tmp_path: Path, fake_model: Callable[[Script], FakeOpenAI]
+) -> None:
     write(
         tmp_path,
         "agent.yaml",
@@ -75,6 +78,9 @@ def test_bash_globs_over_programs_that_run_programs_warn_but_pass(cli: Cli, tmp_
     assert (result.code, result.err.splitlines()) == (0, warnings)
     planned = cli("plan", "tasks.yaml", "--model", "hosted_vllm/x", cwd=tmp_path)
     assert (planned.code, planned.err.splitlines()[:-1]) == (0, warnings)
+    fake = fake_model(by_prompt({"p": [text("done")]}))
+    ran = cli("run", "tasks.yaml", *model_args(fake), "--out", tmp_path / "out", cwd=tmp_path)
+    assert (ran.code, ran.err.splitlines()[: len(warnings)]) == (0, warnings)
 
 
 @pytest.mark.parametrize(
