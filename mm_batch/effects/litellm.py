@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -68,7 +69,34 @@ def load_litellm() -> Any:
 
         litellm.suppress_debug_info = True
         litellm.telemetry = False
+        _tolerate_unreadable_arguments()
         return litellm
+
+
+_READER = "litellm.litellm_core_utils.llm_response_utils.convert_dict_to_response"
+_FIXER = "handle_invalid_parallel_tool_calls"
+
+
+def _tolerate_unreadable_arguments() -> None:
+    """litellm json.loads every tool call's arguments (to undo one OpenAI quirk) and lets all but
+    JSONDecodeError escape: a 5000-digit integer or deep nesting loses the whole reply. Such
+    arguments are the model's mistake, answered as an invalid call: litellm keeps them as sent."""
+    module = importlib.import_module(_READER)
+    original = getattr(module, _FIXER, None)
+    if original is None or getattr(original, "mm_batch_tolerant", False):
+        return
+
+    def tolerant(tool_calls: Any) -> Any:
+        try:
+            return original(tool_calls)
+        except (ValueError, RecursionError):  # raised before it changed anything
+            return tool_calls
+
+    tolerant.mm_batch_tolerant = True  # type: ignore[attr-defined]
+    # Where litellm imported it by name, the name is rebound too.
+    for name, loaded in list(sys.modules.items()):
+        if name.startswith("litellm") and getattr(loaded, _FIXER, None) is original:
+            setattr(loaded, _FIXER, tolerant)
 
 
 def _status_code(exc: BaseException) -> int | None:

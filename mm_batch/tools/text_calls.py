@@ -30,7 +30,7 @@ FIRST_WINDOW = 128
 CALL_LIMIT = 1024 * 1024
 # What decoding may cost in all, in characters: BUDGET_PER_CHAR per character of the text plus a
 # floor, each attempt at least MIN_COST (a text of a million `{` stops early, as text).
-BUDGET_PER_CHAR = 2
+BUDGET_PER_CHAR = 1
 BUDGET_FLOOR = 1024 * 1024
 MIN_COST = 512
 

@@ -188,3 +188,100 @@ def test_null_and_empty_arguments_mean_none_given() -> None:
     assert invalid('{"version": null, "channel": "beta"}').problems == (
         "version: missing (required)",
     )
+
+
+COUNTS = ToolSpec(
+    "counts",
+    "",
+    (
+        ParamSpec("n", "integer", "", True),
+        ParamSpec("x", "number", "", False),
+        ParamSpec("s", "string", "", False),
+    ),
+    ("prog", "--n={{n}}", "--x={{x}}", "--s={{s}}"),
+    Path(),
+)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ('{"n": ' + "9" * 5000 + "}", "the arguments hold an integer of 5000 digits"),
+        ('{"n": -' + "9" * 31 + "}", "the arguments hold an integer of 31 digits"),
+        ('{"n": "' + "9" * 4400 + '"}', "n: the value"),
+        ('{"n": 1e300}', "n: the value 1e+300 has over 30 digits"),
+        ('{"n": 1, "x": 1e400}', "x: expected a finite number, got Infinity"),
+        ('{"n": 1, "x": NaN}', "x: expected a finite number, got NaN"),
+        ('{"n": 1, "x": -Infinity}', "x: expected a finite number, got -Infinity"),
+        ('{"n": 1, "x": 1e30}', "x: the value 1e+30 has over 30 digits"),
+        ('{"n": 1, "x": "' + "1" * 40 + '.5"}', "x: the value"),
+        ('{"n": 1, "s": "a\\ud800b"}', "s: the value holds a character that cannot be encoded"),
+        ('{"n": 1, "s": "\\udfff"}', "s: the value holds a character that cannot be encoded"),
+        ('{"n": 1, "s": "a\\u0000"}', "s: the value contains a NUL byte"),
+        ('{"n": 1, "s": "' + "é" * 40000 + '"}', "s: the value is over 64 KiB"),
+        ('{"n": 1, "s": ' + "[" * 70 + "]" * 70 + "}", "the arguments nest deeper than 64"),
+        ('{"n": 1, "s": ' + "[" * 5000 + "]" * 5000 + "}", "the arguments are not valid JSON"),
+    ],
+)
+def test_hostile_values_are_invalid_with_the_reason_and_raise_nothing(raw: str, reason: str) -> None:
+    result = invalid(raw, COUNTS)
+    assert result.problems[0].startswith(reason), result.problems
+    assert "Invalid call of counts; it did not run." in result.answer
+
+
+def test_thirty_digits_pass_and_thirty_one_do_not() -> None:
+    ok = validate_call(COUNTS, '{"n": -' + "9" * 30 + ', "x": "' + "9" * 20 + '.25"}')
+    assert isinstance(ok, ValidCall)
+    assert ok.argv[1:3] == ("--n=-" + "9" * 30, "--x=1" + "0" * 20)  # no exponent
+    assert invalid('{"n": "' + "9" * 31 + '"}', COUNTS).problems[0].endswith("over 30 digits")
+
+
+DASHED = ToolSpec(
+    "git_log",
+    "",
+    (
+        ParamSpec("ref", "string", "", True),
+        ParamSpec("name", "string", "", False),
+        ParamSpec("n", "integer", "", False),
+        ParamSpec("flag", "string", "", False, allow_dash=True),
+        ParamSpec("empty", "string", "", False),
+    ),
+    ("git", "log", "{{ref}}..HEAD", "--out={{name}}.txt", "{{n}}", "{{flag}}", "{{empty}}{{name}}"),
+    Path(),
+)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "param"),
+    [
+        ({"ref": "--output=/tmp/x"}, "ref"),  # prefix of its entry: {{ref}}..HEAD
+        ({"ref": "-oFILE"}, "ref"),
+        ({"ref": "main", "n": -3}, "n"),  # an integer alone in its entry
+        ({"ref": "main", "n": "-3"}, "n"),
+        ({"ref": "main", "name": "-x", "empty": ""}, "name"),  # only an empty value before it
+    ],
+)
+def test_a_dash_that_begins_an_entry_is_option_injection(
+    arguments: dict[str, object], param: str
+) -> None:
+    result = invalid(json.dumps(arguments), DASHED)
+    assert len(result.problems) == 1
+    assert result.problems[0].startswith(f"{param}: the value ")
+    assert "begins with '-'" in result.problems[0]
+    assert "read it as an option" in result.problems[0]
+
+
+def test_a_dash_inside_an_entry_or_allowed_runs() -> None:
+    call = validate_call(
+        DASHED, json.dumps({"ref": "main", "name": "-x", "flag": "--stat", "empty": "e"})
+    )
+    assert isinstance(call, ValidCall), call
+    assert call.argv == ("git", "log", "main..HEAD", "--out=-x.txt", "--stat", "e-x")
+
+
+def test_invalid_answer_quotes_at_most_16_kib_and_20_problems() -> None:
+    raw = json.dumps({f"k{i}": "v" * 1000 for i in range(40)})
+    result = invalid(raw, COUNTS)
+    assert len(result.problems) == 21 and result.problems[-1] == "... and 21 more problems"
+    assert len(result.answer) < 20 * 1024
+    assert "more characters cut ...]" in result.answer

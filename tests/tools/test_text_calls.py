@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mm_batch.tools.text_calls import TextCall, recover_tool_calls
@@ -51,3 +53,50 @@ def test_text_that_must_stay_text(text: str) -> None:
 def test_several_calls_in_order() -> None:
     text = BARE + "\nthen\n" + TAGGED
     assert [c.name for c in recover_tool_calls(text, KNOWN)] == ["release", "status"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "release", "owner": "ops"}',  # data naming a tool
+        '{"name": "release"}',
+        '{"name": "release", "arguments": {}, "owner": "ops"}',
+        '{"name": "release", "arguments": [1, 2]}',
+        '{"name": "release", "arguments": "not json"}',
+        '{"name": "release", "arguments": "[1]"}',
+        '{"name": "release", "arguments": 3}',
+        '{"config": {"name": "release", "arguments": {}}}',  # nested inside other JSON
+        '[{"name": "release", "arguments": {}}]',
+        '{"name": ["release"], "arguments": {}}',
+    ],
+)
+def test_only_exact_call_objects_at_the_top_are_calls(text: str) -> None:
+    assert recover_tool_calls(text, KNOWN) == []
+
+
+def test_parameters_is_arguments_and_broken_objects_do_not_hide_later_calls() -> None:
+    text = (
+        '{"name": "status", "arguments": {"service": "x"'  # cut off
+        "\nthen {\"name\": \"status\", \"parameters\": {\"service\": \"y\"}}"
+        ' and {"a": 1' + "9" * 5000 + "} " + '{"name": "pkgtest", "arguments": {}}'
+    )
+    assert recover_tool_calls(text, KNOWN) == [
+        TextCall("status", '{"service": "y"}'),
+        TextCall("pkgtest", "{}"),
+    ]
+
+
+HOSTILE_TEXTS = {
+    "braces": "{" * (10 << 20),
+    "open strings": '{"' * (5 << 20),
+    "deep nesting": '{"name": [' * (1 << 20),
+    "long arrays": ('{"name": [' + "1," * 5000) * 1000,
+    "valid objects": '{"b": 1}' * (1 << 20),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TEXTS))
+def test_ten_mib_of_hostile_json_takes_bounded_time(name: str) -> None:
+    started = time.monotonic()
+    assert recover_tool_calls(HOSTILE_TEXTS[name], KNOWN) == []
+    assert time.monotonic() - started < 5  # quadratic would be hours
