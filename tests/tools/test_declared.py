@@ -223,7 +223,9 @@ COUNTS = ToolSpec(
         ('{"n": 1, "s": ' + "[" * 5000 + "]" * 5000 + "}", "the arguments are not valid JSON"),
     ],
 )
-def test_hostile_values_are_invalid_with_the_reason_and_raise_nothing(raw: str, reason: str) -> None:
+def test_hostile_values_are_invalid_with_the_reason_and_raise_nothing(
+    raw: str, reason: str
+) -> None:
     result = invalid(raw, COUNTS)
     assert result.problems[0].startswith(reason), result.problems
     assert "Invalid call of counts; it did not run." in result.answer

@@ -77,7 +77,7 @@ def test_only_exact_call_objects_at_the_top_are_calls(text: str) -> None:
 def test_parameters_is_arguments_and_broken_objects_do_not_hide_later_calls() -> None:
     text = (
         '{"name": "status", "arguments": {"service": "x"'  # cut off
-        "\nthen {\"name\": \"status\", \"parameters\": {\"service\": \"y\"}}"
+        '\nthen {"name": "status", "parameters": {"service": "y"}}'
         ' and {"a": 1' + "9" * 5000 + "} " + '{"name": "pkgtest", "arguments": {}}'
     )
     assert recover_tool_calls(text, KNOWN) == [
