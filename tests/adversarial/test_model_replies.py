@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -139,7 +139,7 @@ def test_each_try_is_cut_at_the_model_timeout_and_the_retries_give_up(fake_model
 
 
 def test_retry_after_in_seconds_is_waited(fake_model: Fake) -> None:
-    replies = iter([HttpFailure(503, "busy", {"Retry-After": "1"}), text("ok")])
+    replies: Iterator[Reply] = iter([HttpFailure(503, "busy", {"Retry-After": "1"}), text("ok")])
     fake = fake_model(lambda _r: next(replies))
     started = time.monotonic()
     assert client(fake).complete(MESSAGES, [], 30).text == "ok"
@@ -148,7 +148,9 @@ def test_retry_after_in_seconds_is_waited(fake_model: Fake) -> None:
 
 def test_retry_after_as_an_http_date_is_waited(fake_model: Fake) -> None:
     when = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
-    replies = iter([HttpFailure(429, "slow down", {"Retry-After": when}), text("ok")])
+    replies: Iterator[Reply] = iter(
+        [HttpFailure(429, "slow down", {"Retry-After": when}), text("ok")]
+    )
     fake = fake_model(lambda _r: next(replies))
     started = time.monotonic()
     assert client(fake).complete(MESSAGES, [], 30).text == "ok"
@@ -167,7 +169,7 @@ def test_a_wait_past_the_deadline_ends_at_once(fake_model: Fake, retry_after: st
 def test_the_shared_429_pause_past_the_deadline_ends_the_other_runs_at_once(
     fake_model: Fake,
 ) -> None:
-    answers = iter([HttpFailure(429, "slow down", {"Retry-After": "2"})])
+    answers: Iterator[Reply] = iter([HttpFailure(429, "slow down", {"Retry-After": "2"})])
     fake = fake_model(lambda _r: next(answers, text("ok")))
     first, second = client(fake), client(fake)
     replies: list[ModelReply] = []

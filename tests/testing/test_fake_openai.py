@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, text
+from mm_batch.testing.fake_openai import (
+    Delayed,
+    FakeOpenAI,
+    Finished,
+    HttpFailure,
+    RawReply,
+    Reply,
+    text,
+)
 
 BODY = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "go"}]})
 
@@ -38,3 +48,54 @@ def test_one_connection_serves_many_requests_until_the_server_stops() -> None:
         assert len(fake.requests) == 2
     finally:
         connection.close()
+
+
+def _raw_post(fake: FakeOpenAI) -> tuple[int, dict[str, str], bytes]:
+    address = urlsplit(fake.url)
+    assert address.hostname is not None and address.port is not None
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=5)
+    try:
+        connection.request(
+            "POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def test_raw_replies_send_exactly_their_bytes_status_and_headers() -> None:
+    reply = RawReply(b"\xff<not json>", 502, {"Retry-After": "7", "X-Any": "y"})
+    with FakeOpenAI(lambda _r: reply) as fake:
+        status, headers, body = _raw_post(fake)
+    assert (status, body) == (502, b"\xff<not json>")
+    assert headers["Retry-After"] == "7" and headers["X-Any"] == "y"
+    assert headers["Content-Length"] == str(len(body))
+
+
+def test_failures_carry_headers_and_finished_replies_their_finish_reason() -> None:
+    replies: Iterator[Reply] = iter(
+        [HttpFailure(429, "slow", {"Retry-After": "3"}), Finished(text("cu"), "length")]
+    )
+    with FakeOpenAI(lambda _r: next(replies)) as fake:
+        status, headers, body = _raw_post(fake)
+        assert status == 429 and headers["Retry-After"] == "3"
+        assert json.loads(body)["error"]["message"] == "slow"
+        status, _, body = _raw_post(fake)
+    assert status == 200
+    assert json.loads(body)["choices"][0] == {
+        "index": 0,
+        "message": text("cu"),
+        "finish_reason": "length",
+    }
+
+
+def test_delayed_replies_wait_for_that_request_only() -> None:
+    replies: Iterator[Reply] = iter([Delayed(text("slow"), 0.5), text("fast")])
+    with FakeOpenAI(lambda _r: next(replies)) as fake:
+        started = time.monotonic()
+        _raw_post(fake)
+        middle = time.monotonic()
+        _raw_post(fake)
+        ended = time.monotonic()
+    assert middle - started >= 0.5 and ended - middle < 0.3
