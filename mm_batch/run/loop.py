@@ -42,10 +42,8 @@ def canonical_arguments(raw: str | None) -> str:
     data, _ = parse_arguments(raw)
     if data is None:
         return raw or ""
-    try:
-        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    except ValueError:  # an integer too long to print: the raw text is key enough
-        return raw or ""
+    # parse_arguments bounds digits and depth, so every value it returns can be printed.
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _history_arguments(raw: str | None) -> str:
