@@ -20,7 +20,7 @@ from mm_batch.run.ports import (
     McpError,
     ToolCallRequest,
 )
-from mm_batch.run.pristine import Pristine
+from mm_batch.run.pristine import MissingAtStartError, Pristine
 from mm_batch.run.records import HookRecord, Outcome, ToolRecord
 from mm_batch.run.toolbox import PreparedCall, Toolbox
 from mm_batch.tools.consent import Decision, decide
@@ -28,6 +28,11 @@ from mm_batch.tools.declared import InvalidCall
 
 HOOK_TIMEOUT_S = 30.0
 HOOK_OUTPUT_KEPT = 4096
+
+
+def _kept(text: str, masker: Masker) -> str:
+    """The first bytes of a hook's output kept in its record, cut after masking."""
+    return masker.text(text[:HOOK_OUTPUT_KEPT], cut=len(text) > HOOK_OUTPUT_KEPT)
 
 
 @dataclass(frozen=True)
@@ -245,16 +250,21 @@ class CallHandler:
     ) -> tuple[HookRecord, str | None]:
         """Run a hook with the call as JSON on stdin: (its record, the refusal when it failed)."""
         data = json.dumps(self.masker.data(payload), ensure_ascii=True, default=str).encode()
-        program = self.pristine.hook_argv(self.agent.directory, argv)
+        try:
+            program = self.pristine.hook_argv(self.agent.directory, argv)
+        except MissingAtStartError as exc:
+            record = HookRecord(argv, None, "", "", timed_out=False, error=str(exc))
+            return record, f"refused by the preToolCall hook: it could not run: {exc}"
         result = self.hooks.execute(
             program, self.agent.directory, {}, HOOK_TIMEOUT_S, self.cancel, stdin=data
         )
-        stdout = decode(result.stdout.data).strip()
+        # Masked before the cut: a secret straddling it leaks no prefix.
+        stdout = captured_text(result.stdout, self.masker).strip()
         record = HookRecord(
             argv=argv,
             exit_code=result.exit_code,
-            stdout=stdout[:HOOK_OUTPUT_KEPT],
-            stderr=decode(result.stderr.data).strip()[:HOOK_OUTPUT_KEPT],
+            stdout=_kept(stdout, self.masker),
+            stderr=_kept(captured_text(result.stderr, self.masker).strip(), self.masker),
             timed_out=result.timed_out,
             error=result.error,
         )

@@ -21,7 +21,7 @@ from mm_batch.run.ports import (
     ModelClient,
     SandboxError,
 )
-from mm_batch.run.pristine import Pristine
+from mm_batch.run.pristine import MissingAtStartError, Pristine, replaced
 from mm_batch.run.records import (
     Check,
     Record,
@@ -188,16 +188,19 @@ class TaskRun:
         return toolbox
 
     def _run_check(self, argv: tuple[str, ...]) -> CheckRun:
-        """Run `check` where the tools run, from the copy of its program read at start."""
+        """Run `check` where the tools run, from copies of its files read at start."""
         agent = self.spec.task.agent
         executor = self.parts.executor
-        original = self.pristine.check_program(agent.directory, argv)
-        if original:
+        try:
+            files = self.pristine.check_files(agent.directory, argv)
+        except MissingAtStartError as exc:
+            return CheckRun(None, str(exc))
+        if files:
             try:
-                copies = executor.protect(original)
+                copies = executor.protect(dict(files.values()))
             except SandboxError as exc:
                 raise _SandboxFailedError(f"the sandbox failed during check: {exc}") from exc
-            argv = (copies[next(iter(original))], *argv[1:])
+            argv = replaced(argv, {i: copies[path] for i, (path, _) in files.items()})
         result = executor.execute(argv, agent.directory, {}, CHECK_TIMEOUT_S, self.cancel)
         if result.sandbox_failed:
             raise _SandboxFailedError(f"the sandbox failed during check: {result.error}")
