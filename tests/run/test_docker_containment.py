@@ -19,15 +19,13 @@ import pytest
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.docker import (
     LABEL,
-    LABEL_HOST,
-    LABEL_PID,
     LABEL_PID_NS,
-    LABEL_PID_START,
     LABEL_RUN,
     DockerSandbox,
     _pid_namespace,
     remove_orphans,
 )
+from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
 from mm_batch.run.ports import SandboxError
 from tests.docker_support import (
     BASE_IMAGE,
