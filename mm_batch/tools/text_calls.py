@@ -86,6 +86,32 @@ def _decode(text: str, index: int) -> tuple[Any, int, int] | int:
         return data, index + end, cost
 
 
+def _span_end(text: str, index: int) -> int:
+    """Where the bracketed value that begins at `index` ends, read as JSON's brackets and strings
+    would be (the end of the text when it never closes): malformed JSON is skipped whole, so an
+    object nested in it is never taken for a call."""
+    depth = 0
+    in_string = escaped = False
+    for position in range(index, len(text)):
+        char = text[position]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return position + 1
+    return len(text)
+
+
 def recover_tool_calls(text: str, known: Collection[str]) -> list[TextCall]:
     """The calls of known tools written as JSON objects in the text, in order."""
     calls: list[TextCall] = []
@@ -96,7 +122,7 @@ def recover_tool_calls(text: str, known: Collection[str]) -> list[TextCall]:
         decoded = _decode(text, index)
         if isinstance(decoded, int):
             budget -= max(MIN_COST, decoded)
-            match = _OPENER.search(text, index + 1)
+            match = _OPENER.search(text, _span_end(text, index))
             continue
         data, end, cost = decoded
         budget -= max(MIN_COST, cost)

@@ -76,14 +76,27 @@ def test_only_exact_call_objects_at_the_top_are_calls(text: str) -> None:
 
 def test_parameters_is_arguments_and_broken_objects_do_not_hide_later_calls() -> None:
     text = (
-        '{"name": "status", "arguments": {"service": "x"'  # cut off
-        '\nthen {"name": "status", "parameters": {"service": "y"}}'
-        ' and {"a": 1' + "9" * 5000 + "} " + '{"name": "pkgtest", "arguments": {}}'
+        '{"name": "status", "parameters": {"service": "y"}}'
+        ' and {"a": 1' + "9" * 5000 + "} " + '{"a": 1,} {"name": "pkgtest", "arguments": {}}'
     )
     assert recover_tool_calls(text, KNOWN) == [
         TextCall("status", '{"service": "y"}'),
         TextCall("pkgtest", "{}"),
     ]
+
+
+def test_a_call_inside_malformed_json_is_data() -> None:
+    # A quoted config with one trailing comma: the object inside it is data, not a call.
+    quoted = '{"pipeline": {"steps": [{"name": "status", "arguments": {}},]}}'
+    assert recover_tool_calls(quoted, KNOWN) == []
+
+
+def test_after_an_object_that_never_closes_the_rest_stays_text() -> None:
+    # Whatever follows may be inside it: taking it for a call could run what is only quoted.
+    text = (
+        '{"name": "status", "arguments": {"service": "x"\nthen {"name": "status", "arguments": {}}'
+    )
+    assert recover_tool_calls(text, KNOWN) == []
 
 
 HOSTILE_TEXTS = {
