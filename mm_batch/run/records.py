@@ -225,7 +225,12 @@ class RunRecorder:
     ) -> None:
         self._recorder = recorder
         self.masker = masker
-        self._identity = {"run": run, "task": task, "model": model, "repeat": repeat}
+        self._identity = {
+            "run": masker.text(run),
+            "task": masker.text(task),
+            "model": masker.text(model),
+            "repeat": repeat,
+        }
         self._seq = 0
         self._closed = False
         self._lock = threading.Lock()

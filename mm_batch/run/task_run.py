@@ -81,9 +81,9 @@ def finish(
     )
     tools = recorder.tools()
     return RunResult(
-        run_id=spec.run_id,
-        task=spec.task.id,
-        model=spec.model,
+        run_id=masker.text(spec.run_id),
+        task=masker.text(spec.task.id),
+        model=masker.text(spec.model),
         repeat=spec.repeat,
         status=final.status,
         reason=masker.text(final.reason),

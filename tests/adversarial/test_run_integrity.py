@@ -348,3 +348,28 @@ def test_a_secret_straddling_the_cut_of_a_hook_record_leaks_no_prefix(
     for n in range(1, len(secret) + 1):
         assert not kept.endswith(secret[:n]), n  # ...with no prefix of the secret at the cut
     assert secret[:6] not in (project / "out" / "calls.jsonl").read_text()
+
+
+def test_a_secret_in_the_model_name_is_masked_in_every_report(
+    cli: Cli, fake_model: Fake, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_TOK", "fakemodel1")
+    write(project, "agent.yaml", AGENT + '    env: {MY_TOK: "${MY_TOK}"}\n')
+    tasks_file(project, "  - id: plain\n    prompt: plain\n")
+    fake = fake_model(by_prompt({"plain": [tool_call("run", {"script": "plain"}), text("ok")]}))
+    out = project / "out"
+    result = cli(
+        "run",
+        project / "tasks.yaml",
+        "--model",
+        "hosted_vllm/fakemodel1",
+        "--model-option",
+        f"api_base={fake.url}",
+        "--out",
+        out,
+        cwd=project,
+    )
+    assert result.code == 0, result.err
+    for name in ("calls.jsonl", "junit.xml", "summary.json", "summary.md"):
+        assert "fakemodel1" not in (out / name).read_text(), name
+    assert read_calls(out)[0]["model"] == "hosted_vllm/***"
