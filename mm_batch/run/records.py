@@ -268,8 +268,3 @@ class RunRecorder:
     def tools(self) -> Sequence[ToolRecord]:
         with self._lock:
             return [r for r in self.records if isinstance(r, ToolRecord)]
-
-    def close(self) -> None:
-        """After the run's last record: later writes (a worker still winding down) are dropped."""
-        with self._lock:
-            self._closed = True
