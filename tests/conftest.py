@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,28 @@ def run_until_marker(
         assert time.monotonic() < deadline, "the tool never started"
         time.sleep(0.05)
     return proc
+
+
+def check_report(path: Path) -> None:
+    """Validate a junit.xml against the common JUnit XSD where the shared documents lie beside
+    the checkout (kept out of it); elsewhere, check the shape CI readers rely on."""
+    if JUNIT_XSD.exists():
+        import xmlschema
+
+        xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(path))
+        return
+    root = ET.parse(path).getroot()  # well-formed, whatever the commands printed
+    assert root.tag == "testsuites"
+    for suite in root:
+        assert suite.tag == "testsuite"
+        assert {"name", "tests", "failures", "errors", "time"} <= set(suite.attrib)
+        cases = suite.findall("testcase")
+        assert int(suite.attrib["tests"]) == len(cases)
+        failures = sum(c.find("failure") is not None for c in cases)
+        errors = sum(c.find("error") is not None for c in cases)
+        assert (int(suite.attrib["failures"]), int(suite.attrib["errors"])) == (failures, errors)
+        for case in cases:
+            assert set(case.attrib) == {"name", "classname", "time"}
 
 
 def write(directory: Path, name: str, text: str) -> Path:

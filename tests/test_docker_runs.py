@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import xmlschema
 
 from mm_batch.effects.docker import LABEL, LABEL_PID_NS, LABEL_RUN, _pid_namespace
 from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import JUNIT_XSD, CliResult, model_args, read_calls, write
+from tests.conftest import CliResult, check_report, model_args, read_calls, write
 from tests.docker_support import (
     BASE_IMAGE,
     TEST_IMAGE,
@@ -224,8 +223,7 @@ def test_sigterm_mid_call_leaves_no_container(
             proc.kill()
     assert proc.returncode == 130, err.decode()
     assert containers_of(docker_client, "sig-") == []
-    if JUNIT_XSD.exists():
-        xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(out / "junit.xml"))
+    check_report(out / "junit.xml")
     finals = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
     assert {r["status"] for r in finals if r["kind"] == "task"} == {"error"}
 
