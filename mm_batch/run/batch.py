@@ -62,7 +62,6 @@ class _Slot:
         return finish(
             self.spec,
             self.recorder,
-            self.recorder.masker,
             status,
             reason,
             self.elapsed(),

@@ -111,7 +111,7 @@ class CallHandler:
             stderr=decode(result.stderr.data) if result is not None else None,
             stdout_bytes=result.stdout.total if result is not None else None,
             stderr_bytes=result.stderr.total if result is not None else None,
-            output_cut=bool(result is not None and (result.stdout.cut or result.stderr.cut)),
+            truncated=bool(result is not None and (result.stdout.cut or result.stderr.cut)),
             hooks=hooks or {},
         )
 

@@ -101,12 +101,8 @@ class ToolRecord:
     stderr: str | None = None
     stdout_bytes: int | None = None
     stderr_bytes: int | None = None
-    output_cut: bool = False  # the executor kept only the first bytes of a stream
+    truncated: bool = False  # the executor kept only the first bytes of a stream
     hooks: Mapping[str, HookRecord] = field(default_factory=dict)
-
-    @property
-    def truncated(self) -> bool:
-        return self.output_cut
 
     def fields(self, masker: Masker) -> dict[str, Any]:
         return {
@@ -121,8 +117,8 @@ class ToolRecord:
             "started": self.started,
             "exit_code": self.exit_code,
             "duration_s": None if self.duration_s is None else round(self.duration_s, 6),
-            "stdout": _text(masker, self.stdout, cut_before=self.output_cut),
-            "stderr": _text(masker, self.stderr, cut_before=self.output_cut),
+            "stdout": _text(masker, self.stdout, cut_before=self.truncated),
+            "stderr": _text(masker, self.stderr, cut_before=self.truncated),
             "stdout_bytes": self.stdout_bytes,
             "stderr_bytes": self.stderr_bytes,
             "truncated": self.truncated,

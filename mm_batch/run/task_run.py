@@ -24,7 +24,6 @@ from mm_batch.run.ports import (
 from mm_batch.run.pristine import MissingAtStartError, Pristine, replaced
 from mm_batch.run.records import (
     Check,
-    Record,
     RunRecorder,
     RunResult,
     Status,
@@ -58,7 +57,6 @@ def internal_error(exc: BaseException) -> str:
 def finish(
     spec: RunSpec,
     recorder: RunRecorder,
-    masker: Masker,
     status: Status,
     reason: str,
     duration_s: float,
@@ -69,6 +67,7 @@ def finish(
 ) -> RunResult:
     """Write the run's task record (its last) and build what the reports need, masked. When
     another thread closed the run first (the supervisor gave up on it), that record stands."""
+    masker = recorder.masker
     final = recorder.close_with(
         TaskRecord(
             status=status,
@@ -120,9 +119,6 @@ class TaskRun:
         self.cancel = cancel
         self.pristine = pristine
 
-    def emit(self, record: Record) -> None:
-        self.recorder.emit(record)
-
     def run(self) -> RunResult:
         started = time.monotonic()
         task = self.spec.task
@@ -142,7 +138,13 @@ class TaskRun:
                 self.pristine,
             )
             loop = AgentLoop(
-                self.spec, self.parts.client, toolbox, calls, self.masker, self.cancel, self.emit
+                self.spec,
+                self.parts.client,
+                toolbox,
+                calls,
+                self.masker,
+                self.cancel,
+                self.recorder.emit,
             )
             end = loop.run(deadline)
         except McpError as exc:
@@ -164,7 +166,6 @@ class TaskRun:
         return finish(
             self.spec,
             self.recorder,
-            self.masker,
             status,
             reason,
             time.monotonic() - started,
