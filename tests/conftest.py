@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -10,14 +11,16 @@ import sys
 import textwrap
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mm_batch import schemas
 from mm_batch.cli import main
+from mm_batch.schemas import SchemaName
 from mm_batch.testing.fake_openai import FakeOpenAI, Script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,26 +102,98 @@ def run_until_marker(
     return proc
 
 
-def check_report(path: Path) -> None:
-    """Validate a junit.xml against the common JUnit XSD where the shared documents lie beside
-    the checkout (kept out of it); elsewhere, check the shape CI readers rely on."""
-    if JUNIT_XSD.exists():
-        import xmlschema
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("true", "1", "yes")
 
-        xmlschema.XMLSchema(str(JUNIT_XSD)).validate(str(path))
-        return
-    root = ET.parse(path).getroot()  # well-formed, whatever the commands printed
-    assert root.tag == "testsuites"
+
+@functools.cache
+def _xsd(path: Path) -> Any:
+    import xmlschema
+
+    return xmlschema.XMLSchema(str(path))
+
+
+@functools.cache
+def json_validator(name: SchemaName) -> Any:
+    """A validator of one of the project's JSON Schemas (draft 2020-12), formats checked."""
+    import jsonschema
+
+    schema = json.loads(schemas.path(name).read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+
+
+def check_json(name: SchemaName, document: Any, where: str) -> None:
+    """Fail with every schema error of `document`, each with its JSON path."""
+    errors = sorted(json_validator(name).iter_errors(document), key=lambda e: list(e.path))
+    if errors:
+        shown = "\n".join(f"  {e.json_path}: {e.message[:300]}" for e in errors[:20])
+        pytest.fail(f"{where} is not valid against {name}:\n{shown}", pytrace=False)
+
+
+def check_junit(
+    path: Path, shared_xsd: Path = JUNIT_XSD, environ: Mapping[str, str] = os.environ
+) -> None:
+    """junit.xml against the project's XSD always, and against the common JUnit XSD of the
+    shared documents where they lie beside the checkout; under CI=true they must be there."""
+    _xsd(schemas.path("junit.xsd")).validate(str(path))
+    if shared_xsd.exists():
+        _xsd(shared_xsd).validate(str(path))
+    elif _truthy(environ.get("CI")):
+        pytest.fail(
+            f"CI=true but the common JUnit XSD is not at {shared_xsd}: CI must check the "
+            "reports against it (check out the shared documents beside the project)",
+            pytrace=False,
+        )
+    # What an XSD 1.0 cannot say: the counts agree, one verdict a test case, SPEC 7's attributes.
+    root = ET.parse(path).getroot()
+    totals = {"tests": 0, "failures": 0, "errors": 0}
     for suite in root:
-        assert suite.tag == "testsuite"
-        assert {"name", "tests", "failures", "errors", "time"} <= set(suite.attrib)
         cases = suite.findall("testcase")
-        assert int(suite.attrib["tests"]) == len(cases)
-        failures = sum(c.find("failure") is not None for c in cases)
-        errors = sum(c.find("error") is not None for c in cases)
-        assert (int(suite.attrib["failures"]), int(suite.attrib["errors"])) == (failures, errors)
+        verdicts = [[r.tag for r in c if r.tag in _VERDICTS] for c in cases]
+        assert all(len(v) <= 1 for v in verdicts), f"{path}: a test case with {verdicts}"
+        counts = {
+            "tests": len(cases),
+            "failures": sum(v == ["failure"] for v in verdicts),
+            "errors": sum(v == ["error"] for v in verdicts),
+        }
+        assert {k: int(suite.attrib[k]) for k in counts} == counts, f"{path}: {suite.attrib}"
+        skipped = sum(v == ["skipped"] for v in verdicts)
+        assert int(suite.get("skipped", "0")) == skipped, f"{path}: {suite.attrib}"
+        assert {"name", "tests", "failures", "errors", "time"} <= set(suite.attrib)
+        for key in totals:
+            totals[key] += counts[key]
         for case in cases:
-            assert set(case.attrib) == {"name", "classname", "time"}
+            assert set(case.attrib) == {"name", "classname", "time"}, case.attrib
+    for key, value in totals.items():
+        assert int(root.get(key, "-1")) == value, f"{path}: testsuites {key}={root.get(key)}"
+
+
+_VERDICTS = ("failure", "error", "skipped", "flakyFailure", "flakyError")
+
+
+def check_report(path: Path) -> None:
+    """Validate a results folder by its junit.xml: the JUnit report (see `check_junit`), and
+    summary.json and every calls.jsonl record beside it against the project's JSON Schemas."""
+    check_junit(path)
+    folder = path.parent
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    check_json("summary.schema.json", summary, str(folder / "summary.json"))
+    cases = ET.parse(path).getroot().iter("testcase")
+    assert len(summary["runs"]) == sum(1 for _ in cases), "summary.json and junit.xml disagree"
+    last: dict[str, dict[str, Any]] = {}
+    lines = (folder / "calls.jsonl").read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        record = json.loads(line)
+        where = f"{folder / 'calls.jsonl'}:{number}"
+        check_json("calls.schema.json", record, where)
+        before = last.get(record["run"])
+        # Each run's records count from 1 without a gap, and its task record comes last.
+        assert record["seq"] == (before["seq"] + 1 if before else 1), f"{where}: seq"
+        assert before is None or before["kind"] != "task", f"{where}: a record after the verdict"
+        last[record["run"]] = record
 
 
 def write(directory: Path, name: str, text: str) -> Path:
