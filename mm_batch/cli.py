@@ -96,7 +96,18 @@ def cli() -> None:
     """Run LLM agent prompts as CI steps, judged by what really ran."""
 
 
-@cli.command()
+RUN_EXIT_CODES = """\b
+Exit codes:
+  0    every task passed (with repeats: its pass rate >= min_pass_rate)
+  1    at least one task failed
+  2    usage or configuration error; nothing ran
+  3    none failed, but at least one task run could not be judged (error)
+  4    mm-batch itself failed (a bug); the reports are written if possible
+  130  interrupted by SIGINT or SIGTERM; the reports are written
+"""
+
+
+@cli.command(epilog=RUN_EXIT_CODES)
 @click.argument("tasks_file", type=_EXISTING_FILE)
 @plan_options
 @click.option(

@@ -19,6 +19,7 @@ from mm_batch.commands.effects import default_effects
 from mm_batch.commands.inspect import show_warnings
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
+from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.litellm import litellm_version
 from mm_batch.effects.mcp import MCP_EXTRA_HINT
@@ -42,7 +43,7 @@ from mm_batch.report.summary import (
     task_verdicts,
     terminal_table,
 )
-from mm_batch.report.terminal import Progress, publish_to_github
+from mm_batch.report.terminal import Progress, publish_to_github, short_summary
 from mm_batch.run.batch import Effects, run_batch
 from mm_batch.run.pristine import Pristine
 from mm_batch.run.records import RunResult
@@ -123,9 +124,11 @@ def run(
                 folder.clear()
                 recorder = JsonlRecorder(folder.open_log(CALLS))
                 try:
-                    results = run_batch(
-                        plan, effects, recorder, masker, cancel, Progress(len(plan.runs)), pristine
-                    )
+                    # Leaving it ends the live line, so that what follows starts a line of its own.
+                    with Progress(len(plan.runs)) as progress:
+                        results = run_batch(
+                            plan, effects, recorder, masker, cancel, progress, pristine
+                        )
                 finally:
                     recorder.close()
                     effects.shutdown()
@@ -136,8 +139,16 @@ def run(
                 folder.close()
         finally:
             pristine.close()
-        publish_to_github(results, summary_md)
+        publish_to_github(
+            results,
+            summary_md,
+            tasks_file=report_path(plan.tasks_file.path),
+            min_pass_rate=plan.min_pass_rate,
+            out_dir=out_dir.as_posix(),
+        )
         click.echo(terminal_table(results), err=True)
+        for line in short_summary(results, plan.min_pass_rate):
+            click.echo(line, err=True)
         if received:
             name = signal.Signals(received[0]).name
             click.echo(f"mm-batch: interrupted by {name}; reports written to {out_dir}", err=True)
@@ -155,7 +166,7 @@ def _write_reports(
     code: ExitCode,
 ) -> str:
     """Write every report that can be written; a bug in one does not keep the others back."""
-    summary_md = summary_markdown(plan.suite, results)
+    summary_md = summary_markdown(plan.suite, results, plan.min_pass_rate)
     reports: list[tuple[str, Callable[[], str]]] = [
         (JUNIT, lambda: junit_xml(plan, results, facts)),
         (

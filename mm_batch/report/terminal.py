@@ -1,7 +1,8 @@
-"""What mm-batch prints while and after it runs: progress, and GitHub Actions annotations.
+"""What mm-batch prints while and after it runs: progress, the short summary, GitHub annotations.
 
-Everything that came from a model or a command is flattened to one line, and escaped in
-workflow commands, so that it can never act as one.
+Everything that came from a model or a command is flattened to one printable line (or, in
+workflow commands, escaped as GitHub's toolkit does), so that it can never act as a command or
+an escape sequence.
 """
 
 from __future__ import annotations
@@ -12,26 +13,90 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import TextIO
 
+from mm_batch.report.summary import TaskVerdict, one_line, printable, task_verdicts
 from mm_batch.run.records import RunResult
 
+__all__ = [
+    "ANNOTATION_LIMIT",
+    "Progress",
+    "escape_data",
+    "escape_property",
+    "github_annotations",
+    "live_terminal",
+    "one_line",
+    "publish_to_github",
+    "short_summary",
+]
 
-def one_line(text: str, limit: int = 200) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+TICK_S = 0.5  # how often the live line is redrawn while no run finishes
+ANNOTATION_LIMIT = 10  # GitHub shows at most 10 error annotations a step
+REASON_LIMIT = 300  # characters of a reason in the short summary
+
+
+def live_terminal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the stream is a terminal that understands a redrawn line (not TERM=dumb)."""
+    env = os.environ if environ is None else environ
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # closed, or not a real stream
+        return False
+    return tty and env.get("TERM") != "dumb"
 
 
 class Progress:
-    """On a terminal, one live line (done, passed, failed, elapsed, ETA); else a line a run."""
+    """On a terminal, one live line (done, passed, failed, elapsed, ETA); else a line a run.
 
-    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+    Used as a context manager, the live line is redrawn every TICK_S while no run finishes, and
+    leaving the context ends a line left open (an interrupted batch), so nothing glues onto it.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        environ: Mapping[str, str] | None = None,
+        tick_s: float = TICK_S,
+    ) -> None:
         self.total = total
         self.stream = stream or sys.stderr
-        self.live = self.stream.isatty()
+        self.live = live_terminal(self.stream, environ)
+        self.tick_s = tick_s
         self.started = time.monotonic()
         self.done = self.passed = self.failed = self.errors = 0
         self._lock = threading.Lock()
+        self._open = False  # a live line is on the screen, not yet ended
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    def __enter__(self) -> Progress:
+        if self.live:
+            with self._lock:
+                self._live_line()
+            self._ticker = threading.Thread(target=self._tick, daemon=True, name="mm-batch-tick")
+            self._ticker.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the ticker and end the live line if it is still open."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+            self._ticker = None
+        with self._lock:
+            if self._open:
+                print(file=self.stream, flush=True)
+                self._open = False
 
     def __call__(self, result: RunResult) -> None:
         with self._lock:
@@ -43,22 +108,52 @@ class Progress:
                 self._live_line()
             else:
                 line = (
-                    f"[{self.done}/{self.total}] {result.status:<6} {result.run_id} "
+                    f"[{self.done}/{self.total}] {result.status:<6} {one_line(result.run_id)} "
                     f"({result.duration_s:.1f} s)"
                 )
                 if result.reason:
                     line += f": {one_line(result.reason)}"
                 print(line, file=self.stream, flush=True)
 
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            with self._lock:
+                if self.done < self.total and not self._stop.is_set():
+                    self._live_line()
+
     def _live_line(self) -> None:
+        """Redraw the line; called with the lock held."""
         elapsed = time.monotonic() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
+        if self.done:
+            eta = f"ETA {elapsed / self.done * (self.total - self.done):.0f} s"
+        else:
+            eta = "ETA unknown"
         line = (
             f"{self.done}/{self.total} done, {self.passed} passed, {self.failed} failed, "
-            f"{self.errors} errors, {elapsed:.0f} s elapsed, ETA {eta:.0f} s"
+            f"{self.errors} errors, {elapsed:.0f} s elapsed, {eta}"
         )
-        end = "\n" if self.done == self.total else ""
-        print(f"\r\x1b[2K{line}", end=end, file=self.stream, flush=True)
+        finished = self.done == self.total
+        print(f"\r\x1b[2K{line}", end="\n" if finished else "", file=self.stream, flush=True)
+        self._open = not finished
+
+
+def short_summary(results: Sequence[RunResult], min_pass_rate: float) -> list[str]:
+    """One line per run that did not pass, like pytest's short test summary.
+
+    `FAILED <run> - <reason>` or `ERROR <run> - <reason>`; a run whose task passed anyway (its
+    pass rate met `min_pass_rate`) says it was tolerated.
+    """
+    verdicts = {(v.task, v.model): v for v in task_verdicts(results, min_pass_rate)}
+    lines = []
+    for r in results:
+        if r.status == "passed":
+            continue
+        line = f"{r.status.upper()} {one_line(r.run_id)} - {one_line(r.reason, REASON_LIMIT)}"
+        verdict = verdicts[(r.task, r.model)]
+        if verdict.status == "passed":
+            line += f" (tolerated: the task passed {verdict.passed}/{verdict.runs} runs)"
+        lines.append(line)
+    return lines
 
 
 def escape_data(text: str) -> str:
@@ -70,23 +165,65 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_annotations(results: Sequence[RunResult]) -> list[str]:
-    """One ::error line per run that did not pass."""
-    return [
-        f"::error title={escape_property(f'mm-batch {r.status}: {r.run_id}')}::"
-        f"{escape_data(r.reason or r.status)}"
-        for r in results
-        if r.status != "passed"
-    ]
+def _printable(text: str) -> str:
+    """Each line of a text printable (controls spelled out), the line breaks kept."""
+    return "\n".join(printable(line) for line in text.splitlines())
+
+
+def _reason(verdict: TaskVerdict, results: Sequence[RunResult]) -> str:
+    """The reason of the first run that made the task fail (or error)."""
+    runs = [r for r in results if (r.task, r.model) == (verdict.task, verdict.model)]
+    first = next((r for r in runs if r.status == verdict.status), None)
+    first = first or next(r for r in runs if r.status != "passed")
+    return first.reason or first.status
+
+
+def github_annotations(
+    results: Sequence[RunResult], tasks_file: str, min_pass_rate: float, out_dir: str
+) -> list[str]:
+    """One ::error per task and model that did not pass, at most ANNOTATION_LIMIT, then a notice.
+
+    Each points at the task's line in the tasks file; its message is the first failing run's
+    reason. Repeats of one task on one model make one annotation.
+    """
+    failing = [v for v in task_verdicts(results, min_pass_rate) if v.status != "passed"]
+    lines = []
+    for verdict in failing[:ANNOTATION_LIMIT]:
+        line_no = next(
+            (r.line for r in results if (r.task, r.model) == (verdict.task, verdict.model)), 0
+        )
+        where = f"file={escape_property(tasks_file)}"
+        if line_no > 0:
+            where += f",line={line_no}"
+        title = escape_property(f"{one_line(verdict.task)} [{one_line(verdict.model)}]")
+        message = escape_data(_printable(_reason(verdict, results))[:4096])
+        lines.append(f"::error {where},title={title}::{message}")
+    more = len(failing) - ANNOTATION_LIMIT
+    if more > 0:
+        folder = out_dir.rstrip("/") or "."
+        lines.append(
+            f"::notice title={escape_property('mm-batch')}::"
+            + escape_data(
+                f"{more} more task and model pair(s) did not pass; all {len(failing)} are in "
+                f"{folder}/junit.xml and {folder}/summary.md"
+            )
+        )
+    return lines
 
 
 def publish_to_github(
-    results: Sequence[RunResult], summary_md: str, environ: Mapping[str, str] | None = None
+    results: Sequence[RunResult],
+    summary_md: str,
+    *,
+    tasks_file: str,
+    min_pass_rate: float,
+    out_dir: str,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
-    """On GitHub Actions: annotations for failed runs, summary.md on the job's summary page."""
+    """On GitHub Actions: annotations for failed tasks, summary.md on the job's summary page."""
     env = os.environ if environ is None else environ
     if env.get("GITHUB_ACTIONS") == "true":
-        for line in github_annotations(results):
+        for line in github_annotations(results, tasks_file, min_pass_rate, out_dir):
             print(line, flush=True)
     summary = env.get("GITHUB_STEP_SUMMARY")
     if summary:
