@@ -1,0 +1,253 @@
+"""xunit-viewer (npm) renders the project's reports into one HTML page; headless Chromium runs
+its scripts, offline, and the page it draws must count what mm-batch meant and show, for every
+run that did not pass, the task, the model, the reason, the checks, the stderr and the line.
+
+Installed by `npm ci --prefix tests/consumers` (the version is pinned in package-lock.json) and
+Debian's `chromium`; on a clone without them these tests skip, saying so, unless
+MM_BATCH_REQUIRE_CONSUMERS=1.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from tests.consumers.conftest import assert_shows, require
+from tests.consumers.shapes import Reports, Shape
+
+HERE = Path(__file__).resolve().parent
+VIEWER = HERE / "node_modules" / ".bin" / "xunit-viewer"
+SHAPES = ("passing", "failing", "error", "flaky", "merged")
+_VOID = {
+    "area",
+    "base",
+    "br",
+    "col",
+    "embed",
+    "hr",
+    "img",
+    "input",
+    "link",
+    "meta",
+    "source",
+    "wbr",
+}
+
+
+@dataclass
+class Node:
+    tag: str
+    attrs: dict[str, str]
+    children: list[Node | str] = field(default_factory=list)
+
+    @property
+    def classes(self) -> set[str]:
+        return set(self.attrs.get("class", "").split())
+
+    def text(self) -> str:
+        if self.tag in ("script", "style"):
+            return ""
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def find_all(self, tag: str, *classes: str) -> list[Node]:
+        found = []
+        for child in self.children:
+            if isinstance(child, Node):
+                if child.tag == tag and set(classes) <= child.classes:
+                    found.append(child)
+                found.extend(child.find_all(tag, *classes))
+        return found
+
+
+class _Tree(HTMLParser):
+    """The DOM as Chromium serialised it, as a tree of nodes."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.root = Node("#document", {})
+        self._open = [self.root]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        node = Node(tag, {k: v or "" for k, v in attrs})
+        self._open[-1].children.append(node)
+        if tag not in _VOID:
+            self._open.append(node)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._open[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        for depth in range(len(self._open) - 1, 0, -1):
+            if self._open[depth].tag == tag:
+                del self._open[depth:]
+                return
+
+    def handle_data(self, data: str) -> None:
+        self._open[-1].children.append(data)
+
+
+def dom(html: str) -> Node:
+    tree = _Tree()
+    tree.feed(html)
+    tree.close()
+    return tree.root
+
+
+def chromium() -> str | None:
+    return next(
+        (
+            found
+            for name in ("chromium", "chromium-browser", "google-chrome")
+            if (found := shutil.which(name))
+        ),
+        None,
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> str:
+    require("xunit-viewer (npm)", VIEWER.exists(), "npm ci --prefix tests/consumers")
+    require("node", shutil.which("node") is not None, "apt-get install nodejs npm")
+    found = chromium()
+    require("Chromium", found is not None, "apt-get install chromium")
+    assert found is not None
+    return found
+
+
+@functools.cache
+def _rendered(junit: Path, browser: str) -> tuple[str, str]:
+    """xunit-viewer's page for one report, and the DOM Chromium drew from it (network off)."""
+    work = Path(tempfile.mkdtemp(prefix="xunit-viewer-"))
+    page = work / "report.html"
+    subprocess.run(
+        [str(VIEWER), "-r", str(junit), "-o", str(page)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    for budget_ms in (15000, 30000, 60000):
+        drawn = _draw(browser, page, work / "profile", budget_ms)
+        tree = dom(drawn)
+        # Drawn once the suite is there and no card still waits to come into view (a loaded
+        # machine can end the virtual time budget before the page's scripts are done).
+        if tree.find_all("div", "card", "suite") and not tree.find_all(
+            "div", "renderIfVisible-placeholder"
+        ):
+            break
+    written = page.read_text(encoding="utf-8")
+    shutil.rmtree(work, ignore_errors=True)
+    return written, drawn
+
+
+def _draw(browser: str, page: Path, profile: Path, budget_ms: int) -> str:
+    """The DOM headless Chromium draws from the page once its scripts ran, with no network."""
+    drawn = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            f"--user-data-dir={profile}",
+            # Nothing may come from the network: a CDN the page needed would leave it blank.
+            "--proxy-server=127.0.0.1:9",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            # Tall enough that every test card is in view, so that it is drawn.
+            "--window-size=1280,12000",
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    return drawn.stdout
+
+
+def test_the_page_needs_no_network(browser: str, reports: Reports) -> None:
+    """Everything the page runs and draws is inside it: no script, style or font from a CDN.
+    (Its favicon and og:image point at the project's site: a browser tab icon, nothing more.)"""
+    page, _ = _rendered(reports.failing.junit, browser)
+    html = dom(page)
+    assert not [s.attrs["src"] for s in html.find_all("script") if "src" in s.attrs]
+    external = [
+        link.attrs
+        for link in html.find_all("link")
+        if re.match(r"(https?:)?//", link.attrs.get("href", ""))
+    ]
+    assert all(attrs.get("rel") == "shortcut icon" for attrs in external), external
+    assert not re.search(r"@import\s+url\(\s*['\"]?(https?:)?//", page)
+    assert not re.search(r"url\(\s*['\"]?https?://[^)]*\.(woff2?|ttf|css)", page)
+
+
+_STATUS = re.compile(r"is-(passed|failure|error|skipped|unknown|flakyFailure)$")
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_xunit_viewer_draws_the_counts_and_the_reasons(
+    browser: str, reports: Reports, name: str
+) -> None:
+    shape: Shape = getattr(reports, name)
+    page, drawn = _rendered(shape.junit, browser)
+    tree = dom(drawn)
+    suites = tree.find_all("div", "card", "suite")
+    assert len(suites) == 1, "one testsuite per tasks file and model"
+    suite_title = suites[0].find_all("p", "card-header-title")[0].text()
+    cards = suites[0].find_all("div", "test", "card")
+    names = [
+        card.find_all("p", "card-header-title")[0].find_all("span")[-1].text() for card in cards
+    ]
+    assert sorted(names) == sorted(shape.order), "every test case drawn, once"
+    status = {
+        n: next(m.group(1) for c in card.classes if (m := _STATUS.match(c)))
+        for n, card in zip(names, cards, strict=True)
+    }
+    failing = {f.case: f for f in shape.failing}
+    expected = {
+        n: {"failure": "failure", "error": "error"}.get(failing[n].kind, "passed")
+        if n in failing
+        else "passed"
+        for n in shape.order
+    }
+    assert status == expected
+    # xunit-viewer's own summary of the report, in the page it wrote.
+    description = dom(page).find_all("meta")
+    summary = next(m.attrs["content"] for m in description if m.attrs.get("name") == "description")
+    counted = {kind: int(n) for n, kind in re.findall(r"(\d+) (\w+)", summary)}
+    assert counted == {k: v for k, v in _tally(expected.values()).items() if v}
+    for card_name, card in zip(names, cards, strict=True):
+        if card_name in failing and failing[card_name].kind != "flakyFailure":
+            shown = f"{suite_title}\n{card.text()}"
+            assert_shows("xunit-viewer", shown, failing[card_name], shape.tasks_file)
+
+
+def _tally(statuses: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in statuses:
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def test_a_missing_consumer_skips_on_a_clone_and_fails_in_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MM_BATCH_REQUIRE_CONSUMERS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="install it with: npm ci --prefix"):
+        require("xunit-viewer (npm)", False, "npm ci --prefix tests/consumers")
+    monkeypatch.setenv("MM_BATCH_REQUIRE_CONSUMERS", "1")
+    with pytest.raises(pytest.fail.Exception, match="MM_BATCH_REQUIRE_CONSUMERS=1"):
+        require("Chromium", False, "apt-get install chromium")
+    require("Chromium", True, "apt-get install chromium")  # present: nothing happens
