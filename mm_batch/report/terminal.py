@@ -166,8 +166,8 @@ def escape_property(text: str) -> str:
 
 
 def _printable(text: str) -> str:
-    """Each line of a text printable (controls spelled out), the line breaks kept."""
-    return "\n".join(printable(line) for line in text.splitlines())
+    """The text with its controls spelled out, but for CR and LF, which escape_data escapes."""
+    return "".join(c if c in "\r\n" else printable(c) for c in text)
 
 
 def _reason(verdict: TaskVerdict, results: Sequence[RunResult]) -> str:

@@ -170,7 +170,7 @@ def test_properties_and_messages_cannot_break_out_of_the_command() -> None:
     )
     kind, props, message = parse(line)
     assert (kind, props["file"], props["title"]) == ("error", "dir,a:b/tasks.yaml", "t,x:y [m::z]")
-    assert message == "bad\n::stop-commands::x %0A \\x1b[2J"
+    assert message == "bad\r\n::stop-commands::x %0A \\x1b[2J"
 
 
 def test_no_annotations_when_all_pass() -> None:
