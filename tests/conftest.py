@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,7 +163,8 @@ def check_junit(
         assert {k: int(suite.attrib[k]) for k in counts} == counts, f"{path}: {suite.attrib}"
         skipped = sum(v == ["skipped"] for v in verdicts)
         assert int(suite.get("skipped", "0")) == skipped, f"{path}: {suite.attrib}"
-        assert {"name", "tests", "failures", "errors", "time"} <= set(suite.attrib)
+        assert set(suite.attrib) >= _SUITE_ATTRIBUTES, f"{path}: {suite.attrib}"
+        assert _RFC3339.fullmatch(suite.attrib["timestamp"]), f"{path}: {suite.attrib}"
         for key in totals:
             totals[key] += counts[key]
         for case in cases:
@@ -172,6 +174,11 @@ def check_junit(
 
 
 _VERDICTS = ("failure", "error", "skipped", "flakyFailure", "flakyError")
+# SPEC 7: each <testsuite> carries the tasks file, when it ran and where.
+_SUITE_ATTRIBUTES = {"name", "tests", "failures", "errors", "time", "file", "timestamp", "hostname"}
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
 
 
 def check_report(path: Path) -> None:
