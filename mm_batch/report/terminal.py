@@ -119,7 +119,10 @@ class Progress:
         while not self._stop.wait(self.tick_s):
             with self._lock:
                 if self.done < self.total and not self._stop.is_set():
-                    self._live_line()
+                    try:
+                        self._live_line()
+                    except (OSError, ValueError):  # the terminal went away: stop drawing
+                        return
 
     def _live_line(self) -> None:
         """Redraw the line; called with the lock held."""
@@ -132,9 +135,19 @@ class Progress:
             f"{self.done}/{self.total} done, {self.passed} passed, {self.failed} failed, "
             f"{self.errors} errors, {elapsed:.0f} s elapsed, {eta}"
         )
+        width = _columns(self.stream)
+        if width is not None and len(line) >= width:  # a wrapped line could not be redrawn
+            line = line[: max(width - 1, 1)]
         finished = self.done == self.total
         print(f"\r\x1b[2K{line}", end="\n" if finished else "", file=self.stream, flush=True)
         self._open = not finished
+
+
+def _columns(stream: TextIO) -> int | None:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):  # not a terminal, or closed
+        return None
 
 
 def short_summary(results: Sequence[RunResult], min_pass_rate: float) -> list[str]:

@@ -5,14 +5,17 @@ The live-line tests run `mm-batch run` as its own process on a real pseudo-termi
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -88,6 +91,27 @@ def test_an_interrupted_live_line_is_ended_before_anything_else() -> None:
         progress(_result("passed"))
     text = stream.getvalue()
     assert text.endswith("1/3 done, 1 passed, 0 failed, 0 errors, 0 s elapsed, ETA 0 s\n")
+
+
+def test_the_live_line_fits_a_narrow_terminal() -> None:
+    """On a real pseudo-terminal 40 columns wide, the line is cut rather than wrapped."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 40, 0, 0))
+    with open(slave, "w", encoding="utf-8", closefd=True) as stream:
+        assert stream.isatty()
+        with Progress(3, stream, environ={"TERM": "xterm"}, tick_s=10) as progress:
+            progress(_result("passed"))
+    output = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            output += os.read(master, 4096)
+        except OSError:
+            break
+    os.close(master)
+    drawn = output.decode().replace("\r\n", "\n").split("\r")
+    lines = [d.removeprefix("\x1b[2K").rstrip("\n") for d in drawn if d]
+    assert lines and all(len(line) == 39 for line in lines), lines
+    assert lines[-1].startswith("1/3 done, 1 passed, 0 failed")
 
 
 @pytest.mark.parametrize("environ", [{"TERM": "dumb"}, {}], ids=["TERM=dumb", "no TERM"])
