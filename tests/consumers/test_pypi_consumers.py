@@ -4,6 +4,7 @@ the task, the model, the reason, the checks, the command's stderr and the task's
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -33,6 +34,9 @@ def test_the_reports_are_valid_and_exit_as_they_say(reports: Reports, name: str)
     # The exit code agrees with the report: 0 when it holds no failure and no error.
     expected = 1 if shape.counts["failures"] else 3 if shape.counts["errors"] else 0
     assert shape.code == expected, (name, shape.code, shape.counts)
+    # A merge says the batch's exit code for the job that reads it.
+    summary = json.loads((shape.folder / "summary.json").read_text(encoding="utf-8"))
+    assert summary["exit_code"] == expected
 
 
 def test_the_shapes_are_what_they_claim(reports: Reports) -> None:
@@ -40,8 +44,9 @@ def test_the_shapes_are_what_they_claim(reports: Reports) -> None:
     repeat, a 3-shard merge with failures in it."""
     assert reports.passing.failing == ()
     (deploy,) = reports.failing.failing
-    assert (deploy.kind, deploy.stderr) == ("failure", deploy.stderr)
-    assert deploy.stderr is not None and "quota exceeded" in deploy.stderr
+    assert (
+        deploy.kind == "failure" and deploy.stderr is not None and "quota exceeded" in deploy.stderr
+    )
     (refused,) = reports.error.failing
     assert refused.kind == "error" and "401" in refused.reason and refused.stderr is None
     (flaky,) = reports.flaky.failing
