@@ -65,6 +65,7 @@ class RunSpec:
     yolo: bool
     sandbox: SandboxSpec
     settings: ModelSettings = ModelSettings()
+    index: int = 0  # position in the whole plan, every shard together: the reports' order
 
     @property
     def run_id(self) -> str:
@@ -189,7 +190,7 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
             settings = _model_settings(model, model_options)
             passed_on = {k: v for k, v in model_options.items() if k not in OWN_MODEL_OPTIONS}
             for n in range(1, repeat + 1):
-                runs.append(RunSpec(task, model, n, passed_on, yolo, sandbox, settings))
+                runs.append(RunSpec(task, model, n, passed_on, yolo, sandbox, settings, len(runs)))
     _check_classnames(tasks_file.path.stem, (r.model for r in runs))
     whole_runs = len(runs)
     if overrides.shard is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from mm_batch.errors import ExitCode
-from mm_batch.plan import PlanError
+from mm_batch.plan import PlanError, classname
 from mm_batch.report.files import (
     CALLS,
     JUNIT,
@@ -21,6 +21,7 @@ from mm_batch.report.files import (
     ResultsFolder,
     unwritable,
 )
+from mm_batch.report.junit import case_name, flaky_runs, recount, serialize, set_flaky
 from mm_batch.report.summary import (
     exit_code,
     summary_json,
@@ -30,7 +31,18 @@ from mm_batch.report.summary import (
 )
 from mm_batch.run.records import RunResult
 
-_RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s"}
+_RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
+
+
+def _is_run(run: object) -> bool:
+    return (
+        isinstance(run, dict)
+        and run.keys() >= _RUN_KEYS
+        and all(type(run[k]) is int for k in ("repeat", "line", "index"))
+        and all(isinstance(run[k], str) for k in ("run", "task", "model", "reason"))
+        and run["status"] in ("passed", "failed", "error")
+        and isinstance(run["duration_s"], int | float)
+    )
 
 
 class MergeError(PlanError):
@@ -50,8 +62,9 @@ def _read_summary(directory: Path) -> dict[str, Any]:
     if (
         not isinstance(data, dict)
         or not isinstance(data.get("runs"), list)
-        or not all(isinstance(r, dict) and r.keys() >= _RUN_KEYS for r in data["runs"])
+        or not all(_is_run(r) for r in data["runs"])
         or not isinstance(data.get("plan", {}), dict)
+        or not isinstance(data.get("provenance", {}), dict)
     ):
         raise MergeError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
     return data
@@ -80,9 +93,38 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult
                     run["duration_s"],
                     None,
                     (),
+                    line=run["line"],
+                    index=run["index"],
                 )
             )
     return results
+
+
+def _check_provenance(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
+    """Shards of one plan ran the same files with the same mm-batch; anything else is refused."""
+
+    def identity(data: dict[str, Any]) -> dict[str, str]:
+        provenance = data.get("provenance") or {}
+        return {
+            key: str(value)
+            for key, value in provenance.items()
+            if key == "mm_batch_version" or key.startswith("sha256:")
+        }
+
+    first_dir, first = summaries[0][0], identity(summaries[0][1])
+    for directory, data in summaries[1:]:
+        other = identity(data)
+        differ = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        if differ:
+            what = "; ".join(
+                f"{key}: {first.get(key, 'absent')} in {first_dir}, "
+                f"{other.get(key, 'absent')} in {directory}"
+                for key in differ
+            )
+            raise MergeError(
+                f"{first_dir} and {directory} do not come from the same plan ({what}): "
+                "merge the shards of one run of one mm-batch over the same files"
+            )
 
 
 def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
@@ -136,9 +178,18 @@ def _merge_calls(directories: Sequence[Path]) -> str:
     return "".join(lines)
 
 
-def _merge_junit(directories: Sequence[Path]) -> str:
+def _merge_junit(
+    directories: Sequence[Path], suite_of_runs: str, results: Sequence[RunResult], rate: float
+) -> str:
+    """The shards' test cases in plan order within each testsuite, flaky as the whole says."""
+    repeats = max((r.repeat for r in results), default=1)
+    runs = {
+        (classname(suite_of_runs, r.model), case_name(r.task, r.repeat, repeats)): r
+        for r in results
+    }
     root = ET.Element("testsuites")
     suites: dict[str, ET.Element] = {}
+    cases: dict[str, list[tuple[RunResult, ET.Element]]] = {}
     for directory in directories:
         try:
             tree = ET.parse(directory / JUNIT)
@@ -152,29 +203,32 @@ def _merge_junit(directories: Sequence[Path]) -> str:
                 if properties is not None:
                     merged.append(properties)
                 suites[name] = merged
-            suites[name].extend(suite.findall("testcase"))
-    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    elapsed = 0.0
-    for suite in suites.values():
-        cases = suite.findall("testcase")
-        counts = {
-            "tests": len(cases),
-            "failures": sum(c.find("failure") is not None for c in cases),
-            "errors": sum(c.find("error") is not None for c in cases),
-            "skipped": sum(c.find("skipped") is not None for c in cases),
-        }
-        seconds = sum(float(c.get("time") or 0) for c in cases)
-        for key, value in counts.items():
-            suite.set(key, str(value))
-            totals[key] += value
-        suite.set("time", f"{seconds:.3f}")
-        elapsed += seconds
-    for key, value in totals.items():
-        if key != "skipped":
-            root.set(key, str(value))
-    root.set("time", f"{elapsed:.3f}")
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+            else:
+                _widen(suites[name], suite)
+            for case in suite.findall("testcase"):
+                run = runs.get((case.get("classname", ""), case.get("name", "")))
+                if run is None:
+                    raise MergeError(
+                        f"{directory / JUNIT}: test case {case.get('classname')}."
+                        f"{case.get('name')} is no run of {directory / SUMMARY_JSON}"
+                    )
+                cases.setdefault(name, []).append((run, case))
+    flaky = flaky_runs(results, rate)
+    for name, found in cases.items():
+        for run, case in sorted(found, key=lambda pair: pair[0].index):
+            set_flaky(case, run.run_id in flaky)
+            suites[name].append(case)
+    recount(root)
+    return serialize(root)
+
+
+def _widen(merged: ET.Element, suite: ET.Element) -> None:
+    """A merged testsuite started when its first shard did, on every host that ran a part."""
+    timestamps = [t for t in (merged.get("timestamp"), suite.get("timestamp")) if t]
+    if timestamps:
+        merged.set("timestamp", min(timestamps))
+    hosts = [*(merged.get("hostname") or "").split(","), suite.get("hostname") or ""]
+    merged.set("hostname", ",".join(h for h in dict.fromkeys(hosts) if h))
 
 
 def merge(directories: Sequence[Path], out_dir: Path) -> int:
@@ -186,11 +240,12 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
             "the folders come from different tasks files or min_pass_rate: "
             f"suites {sorted(suites)}, min_pass_rate {sorted(rates)}"
         )
+    _check_provenance(summaries)
     _check_complete(summaries)
-    results = _results(summaries)
-    junit = _merge_junit(directories)
-    calls = _merge_calls(directories)
     (rate,), (suite,) = rates, suites
+    results = sorted(_results(summaries), key=lambda r: r.index)
+    junit = _merge_junit(directories, suite, results, rate)
+    calls = _merge_calls(directories)
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))

@@ -12,7 +12,17 @@ from typing import Any, cast
 import yaml
 
 from mm_batch.config.env import ENV_NAME_RE, Expander
-from mm_batch.config.fields import Fields, HasReader, Key, choice, one_of, read_fields, scalar
+from mm_batch.config.fields import (
+    SCHEMA_KEY,
+    Fields,
+    HasReader,
+    Key,
+    choice,
+    one_of,
+    read_fields,
+    scalar,
+    schema_key,
+)
 from mm_batch.config.model import (
     KNOWN_BUILTINS,
     PARAM_TYPES,
@@ -637,8 +647,9 @@ AGENT: tuple[Key[_Agent, Any], ...] = (
     SANDBOX_KEY,
     TOOLS,
     ALLOW,  # last: its rules name tools, built-ins and MCP servers
+    schema_key(),
 )
-AGENT_KEYS = frozenset(k.name for k in AGENT)
+AGENT_KEYS = frozenset(k.name for k in AGENT) - {SCHEMA_KEY}
 
 
 def read_agent(

@@ -69,6 +69,14 @@ def scalar(
     return Key(name, lambda ctx, at, _: read(ctx.reader, at), required)
 
 
+# `$schema` names the JSON Schema an editor validates the file with; mm-batch reads nothing in it.
+SCHEMA_KEY = "$schema"
+
+
+def schema_key() -> Key[HasReader, str]:
+    return scalar(SCHEMA_KEY, lambda reader, at: reader.string(at, non_empty=True))
+
+
 def choice(name: str, allowed: tuple[str, ...]) -> Key[HasReader, str]:
     """A key whose value is one word of a closed vocabulary."""
     return scalar(name, lambda reader, at: one_of(reader, at, allowed))

@@ -171,6 +171,7 @@ class TaskSpec:
     id: str
     prompt: str
     agent: AgentConfig
+    line: int = 0  # 1-based line of the task's item in the tasks file, for the reports
     timeout: float = 600.0
     max_turns: int = 20
     expect: Expect | None = None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -14,6 +16,17 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+def report_path(path: Path, environ: Mapping[str, str] | None = None) -> str:
+    """The path a CI links to a file by: relative to $GITHUB_WORKSPACE when set, else as shown."""
+    workspace = (os.environ if environ is None else environ).get("GITHUB_WORKSPACE")
+    if workspace:
+        try:
+            return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
+        except ValueError:
+            pass
+    return Path(display_path(path)).as_posix()
 
 
 def sha256(path: Path) -> str:

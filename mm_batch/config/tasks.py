@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from mm_batch.config.agent import names_a_tool, read_argv, typed_value, unknown_tool
-from mm_batch.config.fields import Fields, Key, read_fields, scalar
+from mm_batch.config.fields import Fields, Key, read_fields, scalar, schema_key
 from mm_batch.config.model import (
     AgentConfig,
     CallExpectation,
@@ -261,6 +261,7 @@ def _task(ctx: _Task, at: At) -> TaskSpec | None:
         id=task_id,
         prompt=prompt,
         agent=agent,
+        line=at.line,
         **{k: v for k, v in given.items() if v is not None},
     )
 
@@ -331,6 +332,7 @@ TASKS_FILE: tuple[Key[_Tasks, Any], ...] = (
     JOBS,
     MIN_PASS_RATE,
     TASKS,  # last: its tasks get the default agent
+    schema_key(),
 )
 TASKS_ONLY_KEYS = frozenset({"tasks", "agent", "models", "repeat", "jobs", "min_pass_rate"})
 

@@ -1,15 +1,23 @@
-"""junit.xml: one <testsuite> per tasks file and model, one <testcase> per task run."""
+"""junit.xml: one <testsuite> per tasks file and model, one <testcase> per task run.
+
+junit-xml writes the report; what it lacks (`<flakyFailure>`, the counts once a run is flaky) is
+done on its tree here, and `merge` reuses the same tree functions, so a merged report follows the
+same rules as one machine's.
+"""
 
 from __future__ import annotations
 
 import re
+import socket
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from junit_xml import TestCase, TestSuite
 
+from mm_batch.config.paths import report_path
 from mm_batch.plan import Plan, classname
+from mm_batch.report.summary import task_verdicts
 from mm_batch.run.records import RunResult
 
 # Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
@@ -25,6 +33,12 @@ SYSTEM_OUT_LIMIT = 64 * 1024  # characters of <system-out> per test case
 DETAILS_LIMIT = 64 * 1024  # characters of the text of <failure> / <error>
 MESSAGE_LIMIT = 1024  # characters of `message`
 
+# The text of a verdict starts with what it means: some readers show only the text, some only
+# `message` (GitLab drops `message` when there is text).
+_PREFIX = {"failed": "failed", "error": "could not be judged"}
+_VERDICT_TAGS = {"failure": "flakyFailure", "error": "flakyError"}
+_FLAKY_TAGS = {flaky: plain for plain, flaky in _VERDICT_TAGS.items()}
+
 
 def _bounded(text: str, limit: int) -> str:
     """At most `limit` characters, the cut said: a 10 MiB answer must not make a 10 MiB report."""
@@ -34,46 +48,124 @@ def _bounded(text: str, limit: int) -> str:
     return text[: max(limit - len(marker), 0)] + marker
 
 
-def _case(plan: Plan, result: RunResult) -> TestCase:
-    name = result.task if plan.repeat == 1 else f"{result.task}#{result.repeat}"
+def case_name(task: str, repeat: int, repeats: int) -> str:
+    """A test case's name: the task id, and `#r` when the plan repeats each task."""
+    return task if repeats == 1 else f"{task}#{repeat}"
+
+
+def _details(result: RunResult, tasks_file: str) -> str:
+    """The text of a <failure>/<error>: the reason first, then the checks, then the task's line."""
+    parts = [f"{_PREFIX[result.status]}: {result.reason}"]
+    if result.checks:
+        parts.append(
+            "\n".join(f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks)
+        )
+    # Many readers show only this text (GitLab, dorny): the failing commands' stderr goes here too.
+    failing = [call for call in result.calls if "\n    stderr" in call]
+    if failing:
+        parts.append("calls that exited non-zero:\n" + "\n".join(failing))
+    # Last, whatever is cut: mikepenz takes the last <file>:<line> of the text as the place.
+    place = f"\n\nrun: {result.run_id}\ntask defined at {tasks_file}:{result.line}"
+    return _bounded("\n\n".join(parts), DETAILS_LIMIT - len(place)) + place
+
+
+def _case(result: RunResult, suite: str, repeats: int, tasks_file: str) -> TestCase:
     out = "\n".join(result.calls) or "(no tool calls)"
     if result.answer is not None:
         out += f"\n\nfinal answer:\n{result.answer}"
     case = TestCase(
-        name=xml_safe(name),
-        classname=xml_safe(classname(plan.suite, result.model)),
+        name=xml_safe(case_name(result.task, result.repeat, repeats)),
+        classname=xml_safe(classname(suite, result.model)),
         elapsed_sec=round(result.duration_s, 3),
         stdout=xml_safe(_bounded(out, SYSTEM_OUT_LIMIT)),
     )
-    details = "\n".join(
-        f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks
-    )
-    message = xml_safe(_bounded(result.reason, MESSAGE_LIMIT))
-    output = xml_safe(_bounded(details or result.reason, DETAILS_LIMIT))
-    if result.status == "failed":
-        case.add_failure_info(message=message, output=output, failure_type="failed")
-    elif result.status == "error":
-        case.add_error_info(message=message, output=output, error_type="error")
+    if result.status != "passed":
+        message = xml_safe(_bounded(result.reason, MESSAGE_LIMIT))
+        output = xml_safe(_details(result, tasks_file))
+        if result.status == "failed":
+            case.add_failure_info(message=message, output=output, failure_type="failed")
+        else:
+            case.add_error_info(message=message, output=output, error_type="error")
     return case
 
 
-def junit_xml(plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any]) -> str:
-    properties = {xml_safe(k): xml_safe(str(v)) for k, v in provenance.items()}
-    root = ET.Element("testsuites")
-    totals = {"tests": 0, "failures": 0, "errors": 0}
+def set_flaky(case: ET.Element, flaky: bool) -> None:
+    """A failing run of a task whose pass rate is met is a flaky pass, and back again (merge)."""
+    tags = _VERDICT_TAGS if flaky else _FLAKY_TAGS
+    for child in list(case):
+        if child.tag not in tags:
+            continue
+        child.tag = tags[child.tag]
+        # Last in its test case: xunit-viewer takes a case's status from its first child.
+        case.remove(child)
+        case.append(child)
+        stack_trace = child.find("stackTrace")
+        if flaky and stack_trace is None:
+            # Surefire 2.22.1 and later write the text here, older ones as the element's text.
+            ET.SubElement(child, "stackTrace").text = child.text
+        elif not flaky and stack_trace is not None:
+            child.remove(stack_trace)
+
+
+def recount(root: ET.Element) -> None:
+    """The counts and times of every <testsuite> and of <testsuites>, from their test cases."""
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     elapsed = 0.0
-    for model in dict.fromkeys(r.model for r in results):
-        cases = [_case(plan, r) for r in results if r.model == model]
-        suite = TestSuite(xml_safe(f"{plan.suite}[{model}]"), cases, properties=properties)
-        element = suite.build_xml_doc()
-        # junit-xml always writes `disabled`, which the common JUnit XSD rejects.
-        element.attrib.pop("disabled", None)
-        for key in totals:
-            totals[key] += int(element.get(key, "0"))
-        elapsed += float(element.get("time", "0") or 0)
-        root.append(element)
-    for key, value in totals.items():
-        root.set(key, str(value))
+    for suite in root.iter("testsuite"):
+        cases = suite.findall("testcase")
+        counts = {
+            "tests": len(cases),
+            "failures": sum(c.find("failure") is not None for c in cases),
+            "errors": sum(c.find("error") is not None for c in cases),
+            "skipped": sum(c.find("skipped") is not None for c in cases),
+        }
+        seconds = sum(float(c.get("time") or 0) for c in cases)
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+        suite.set("time", f"{seconds:.3f}")
+        elapsed += seconds
+    for key in ("tests", "failures", "errors"):
+        root.set(key, str(totals[key]))
     root.set("time", f"{elapsed:.3f}")
+
+
+def flaky_runs(results: Iterable[RunResult], min_pass_rate: float) -> set[str]:
+    """Run ids that did not pass although their task passed on that model: tolerated repeats."""
+    results = list(results)
+    met = {(v.task, v.model) for v in task_verdicts(results, min_pass_rate) if v.status == "passed"}
+    return {r.run_id for r in results if r.status != "passed" and (r.task, r.model) in met}
+
+
+def serialize(root: ET.Element) -> str:
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def junit_xml(plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any]) -> str:
+    suite = plan.suite
+    tasks_file = report_path(plan.tasks_file.path)  # what CI links to: SPEC §7
+    results = sorted(results, key=lambda r: r.index)
+    properties = {xml_safe(k): xml_safe(str(v)) for k, v in provenance.items()}
+    flaky = flaky_runs(results, plan.min_pass_rate)
+    hostname = xml_safe(socket.gethostname())
+    timestamp = str(provenance.get("started_at", ""))
+    root = ET.Element("testsuites")
+    for model in dict.fromkeys(r.model for r in results):
+        runs = [r for r in results if r.model == model]
+        element = TestSuite(
+            xml_safe(f"{suite}[{model}]"),
+            [_case(r, suite, plan.repeat, tasks_file) for r in runs],
+            hostname=hostname,
+            timestamp=timestamp,
+            properties=properties,
+            file=xml_safe(tasks_file),
+        ).build_xml_doc()
+        # junit-xml always writes `disabled`, which the common JUnit XSD rejects.
+        element.attrib.pop("disabled", None)
+        for run, case in zip(runs, element.findall("testcase"), strict=True):
+            case.set("time", f"{run.duration_s:.3f}")  # junit-xml leaves out a time of 0
+            set_flaky(case, run.run_id in flaky)
+        root.append(element)
+    recount(root)
+    return serialize(root)

@@ -137,6 +137,8 @@ def summary_json(
                 "status": r.status,
                 "reason": r.reason,
                 "duration_s": round(r.duration_s, 3),
+                "line": r.line,
+                "index": r.index,
             }
             for r in results
         ],

@@ -205,6 +205,8 @@ class RunResult:
     duration_s: float
     answer: str | None
     calls: tuple[str, ...]
+    line: int = 0  # the task's line in the tasks file
+    index: int = 0  # the run's position in the whole plan
 
 
 class Recorder(Protocol):

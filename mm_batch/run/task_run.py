@@ -89,16 +89,28 @@ def finish(
         checks=tuple(c.masked(masker) for c in final.checks),
         duration_s=final.duration_s,
         answer=None if final.answer is None else masker.text(final.answer),
-        calls=tuple(masker.text(_call_line(r)) for r in tools),
+        calls=tuple(_call_line(r, masker) for r in tools),
+        line=spec.task.line,
+        index=spec.index,
     )
 
 
-def _call_line(record: ToolRecord) -> str:
+STDERR_TAIL = 2048  # characters of a failing call's stderr shown in the reports
+
+
+def _call_line(record: ToolRecord, masker: Masker) -> str:
+    """A call as the reports list it; a non-zero exit shows the end of its stderr, masked first."""
     line = f"[{record.outcome}] {record.tool} {record.raw_arguments or ''}".rstrip()
     if record.argv is not None and record.started:
         line += f"\n    {echo(record.argv)}  -> exit {record.exit_code}"
     if record.reason:
         line += f"\n    {record.reason}"
+    line = masker.text(line)
+    if record.exit_code not in (None, 0) and record.stderr:
+        stderr = masker.text(record.stderr, cut=record.truncated).rstrip("\n")
+        label = "stderr" if len(stderr) <= STDERR_TAIL else f"stderr, last {STDERR_TAIL} characters"
+        tail = stderr[-STDERR_TAIL:]
+        line += f"\n    {label}:" + "".join(f"\n      {part}" for part in tail.split("\n"))
     return line
 
 
