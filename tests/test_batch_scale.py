@@ -262,7 +262,8 @@ def test_github_actions_annotations_and_step_summary(
     )
     assert result.code == 1
     lines = result.out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("::error title=mm-batch failed")
+    assert len(lines) == 1 and lines[0].startswith("::error file=")
+    assert ",title=release-en [hosted_vllm/fake]::" in lines[0]
     assert "version=1.4.2%0A::set-output name=x::owned%0D%0A::add-mask::%250A" in lines[0]
     assert "\r" not in result.out
     assert summary.read_text().startswith("## mm-batch: tasks")
@@ -290,8 +291,8 @@ def test_workflow_command_escaping() -> None:
     result = RunResult(
         "t[m/x,y]#1", "t", "m", 1, "failed", "bad\n::stop-commands::x", (), 1.0, None, ()
     )
-    (line,) = github_annotations([result])
-    assert line == ("::error title=mm-batch failed%3A t[m/x%2Cy]#1::bad%0A::stop-commands::x")
+    (line,) = github_annotations([result], "tasks.yaml", 1.0, "out")
+    assert line == "::error file=tasks.yaml,title=t [m]::bad%0A::stop-commands::x"
 
 
 class _Terminal(io.StringIO):

@@ -86,7 +86,7 @@ def _assert_interrupted(proc: subprocess.Popen[bytes], err: bytes, out: Path, fi
     assert isinstance(cases["hang"].result[0], Error)
     assert json.loads((out / "summary.json").read_text())["exit_code"] == 130
     summary = (out / "summary.md").read_text()
-    assert all(f"{t}[hosted_vllm/fake]#1 | error" in summary for t in ("hang", "queued-1"))
+    assert all(f"{t}\\[hosted_vllm/fake\\]\\#1 | error" in summary for t in ("hang", "queued-1"))
     # Every slow command's process group was stopped with the run.
     groups = [int(g) for g in (out.parent / "groups").read_text().split()]
     assert groups and not [g for g in groups if live_members(g)]

@@ -29,6 +29,7 @@ from mm_batch.report.summary import (
     task_verdicts,
     terminal_table,
 )
+from mm_batch.report.terminal import short_summary
 from mm_batch.run.records import RunResult
 
 _RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
@@ -259,10 +260,12 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
         folder.write(CALLS, calls)
         folder.write(JUNIT, junit)
         folder.write(SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage))
-        folder.write(SUMMARY_MD, summary_markdown(suite, results))
+        folder.write(SUMMARY_MD, summary_markdown(suite, results, rate))
     finally:
         folder.close()
     click.echo(terminal_table(results), err=True)
+    for line in short_summary(results, rate):
+        click.echo(line, err=True)
     click.echo(
         f"mm-batch: {len(results)} run(s) of {len(directories)} folder(s) merged into "
         f"{out_dir}; as one run it would exit {code}",
