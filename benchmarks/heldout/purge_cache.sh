@@ -1,0 +1,7 @@
+#!/bin/sh
+# Stand-in: appends the argv it received to heldout-received.log in the working directory (the
+# agent file's folder), one [entry] each, in one write, so that a check sees what really ran.
+line=purge_cache
+for arg in "$@"; do line="$line [$arg]"; done
+printf '%s\n' "$line" 2>/dev/null >>heldout-received.log || echo "note: cannot write the log" >&2
+echo "Purged the CDN cache of $1."
