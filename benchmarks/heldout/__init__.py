@@ -1,0 +1,1 @@
+"""The held-out benchmark set: see README.md and run.py."""
