@@ -850,3 +850,37 @@ def _no_github(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RT_API_TOKEN", SECRET)  # the leak tool's secret: reports show it masked
     yield
+
+
+HOSTILE_REASON = (
+    "[x](http://e.vil) <details>open</details> ![i](x) www.e.vil a@b.co ##[stop-commands]tok"
+)
+
+
+def test_a_shards_hostile_reason_renders_as_text_in_the_merged_summary(
+    cli: Cli, shards: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from tests.report.test_summary_md import cells, render, seen
+
+    _edit_summary(shards[0], lambda d: d["runs"][0].update(reason=HOSTILE_REASON))
+    result = cli("merge", *shards, "--out", tmp_path / "merged")
+    assert result.code == 0, result.err
+    markdown = (tmp_path / "merged" / "summary.md").read_text(encoding="utf-8")
+    parsed = cells(markdown)
+    assert parsed.tags_in_cells == [], render(markdown)
+    assert HOSTILE_REASON in [seen(c) for c in parsed.cells]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="hole: merge prints the shards' reasons in its short summary (merge.py:268) through "
+    "one_line, which leaves `##[` alone: the runner reads the shard's stop-commands",
+)
+def test_a_shards_reason_cannot_smuggle_a_workflow_command_into_the_merge_log(
+    cli: Cli, shards: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _edit_summary(shards[0], lambda d: d["runs"][0].update(reason=HOSTILE_REASON))
+    result = cli("merge", *shards, "--out", tmp_path / "merged")
+    assert result.code == 0, result.err
+    assert "FAILED publish[hosted_vllm/fake]#1 - " in result.err
+    assert commands_in(result.out + "\n" + result.err) == []
