@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -21,9 +23,10 @@ from mm_batch.report.files import (
     ResultsFolder,
     unwritable,
 )
-from mm_batch.report.junit import case_name, flaky_runs, recount, serialize, set_flaky
+from mm_batch.report.junit import flaky_runs, recount, serialize, set_flaky
 from mm_batch.report.summary import (
     exit_code,
+    one_line,
     summary_json,
     summary_markdown,
     task_verdicts,
@@ -40,10 +43,56 @@ def _is_run(run: object) -> bool:
         isinstance(run, dict)
         and run.keys() >= _RUN_KEYS
         and all(type(run[k]) is int for k in ("repeat", "line", "index"))
+        and run["repeat"] >= 1
+        and run["line"] >= 1
+        and run["index"] >= 0
         and all(isinstance(run[k], str) for k in ("run", "task", "model", "reason"))
         and run["status"] in ("passed", "failed", "error")
-        and isinstance(run["duration_s"], int | float)
+        and _is_number(run["duration_s"])
+        and run["duration_s"] >= 0
     )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_summary(data: object) -> bool:
+    if not isinstance(data, dict):
+        return False
+    plan, rate = data.get("plan", {}), data.get("min_pass_rate", 1.0)
+    whole_runs = plan.get("whole_runs", 0) if isinstance(plan, dict) else None
+    return (
+        isinstance(data.get("runs"), list)
+        and all(_is_run(r) for r in data["runs"])
+        and isinstance(plan, dict)
+        and type(whole_runs) is int
+        and whole_runs >= 0
+        and isinstance(plan.get("shard", ""), str | None)
+        and isinstance(data.get("provenance", {}), dict)
+        and isinstance(data.get("suite", ""), str)
+        and _is_number(rate)
+        and 0 <= rate <= 1
+    )
+
+
+def _read_text(path: Path) -> str:
+    """A results file's text; a link (it could point anywhere) or a damaged file is refused."""
+    if path.is_symlink():
+        raise MergeError(f"{path}: a symbolic link, not a results file: refused")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MergeError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise MergeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _json(text: str, where: str, what: str = "valid JSON") -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # a nesting deep enough exhausts the stack
+        raise MergeError(f"{where}: not {what} ({one_line(str(exc), 120)})") from None
 
 
 class MergeError(PlanError):
@@ -56,30 +105,24 @@ def _read_summary(directory: Path) -> dict[str, Any]:
     for name in (CALLS, JUNIT, SUMMARY_JSON):
         if not (directory / name).is_file():
             raise MergeError(f"{directory}: no {name} here: not an mm-batch results folder")
-    try:
-        data = json.loads((directory / SUMMARY_JSON).read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise MergeError(f"{directory / SUMMARY_JSON}: not valid JSON ({exc})") from None
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("runs"), list)
-        or not all(_is_run(r) for r in data["runs"])
-        or not isinstance(data.get("plan", {}), dict)
-        or not isinstance(data.get("provenance", {}), dict)
-    ):
-        raise MergeError(f"{directory / SUMMARY_JSON}: not an mm-batch summary")
-    return data
+    path = directory / SUMMARY_JSON
+    data = _json(_read_text(path), str(path))
+    if not _is_summary(data):
+        raise MergeError(f"{path}: not an mm-batch summary")
+    return dict(data)
 
 
-def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult]:
+def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunResult]]:
+    """Each folder's runs, in the order of `summaries`; a run in two folders is refused."""
     seen: dict[str, Path] = {}
-    results: list[RunResult] = []
+    folders: list[list[RunResult]] = []
     for directory, data in summaries:
+        results: list[RunResult] = []
         for run in data["runs"]:
             if run["run"] in seen:
                 raise MergeError(
-                    f"run {run['run']} is in both {seen[run['run']]} and {directory}: "
-                    "shards must not overlap"
+                    f"run {one_line(run['run'], 120)} is in both {seen[run['run']]} and "
+                    f"{directory}: shards must not overlap"
                 )
             seen[run["run"]] = directory
             results.append(
@@ -98,7 +141,8 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[RunResult
                     index=run["index"],
                 )
             )
-    return results
+        folders.append(results)
+    return folders
 
 
 def _check_provenance(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
@@ -135,10 +179,14 @@ def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
         shard = (data.get("plan") or {}).get("shard")
         if shard is None:  # an unsharded run, a merge, or results of an older mm-batch
             continue
-        match = re.fullmatch(r"(\d+)/(\d+)", str(shard))
+        match = re.fullmatch(r"(\d{1,9})/(\d{1,9})", str(shard))
         if match is None:
             raise MergeError(f"{directory / SUMMARY_JSON}: plan.shard is not K/N: {shard!r}")
         k, n = int(match[1]), int(match[2])
+        if not 1 <= k <= n:
+            raise MergeError(
+                f"{directory / SUMMARY_JSON}: plan.shard {shard} is not K/N with 1 <= K <= N"
+            )
         if k in shards.setdefault(n, {}):
             raise MergeError(
                 f"shard {k}/{n} is in both {shards[n][k][0]} and {directory}: "
@@ -146,11 +194,14 @@ def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
             )
         shards[n][k] = (directory, data)
     for n, parts in sorted(shards.items()):
-        missing = [f"{k}/{n}" for k in range(1, n + 1) if k not in parts]
-        if missing:
+        if len(parts) < n:  # N can be huge: name the first few missing, count the rest
+            missing = (f"{k}/{n}" for k in range(1, n + 1) if k not in parts)
+            named = list(itertools.islice(missing, 5))
+            more = n - len(parts) - len(named)
             raise MergeError(
-                f"shard {', '.join(missing)} missing: its runs would be absent from the merged "
-                "report; merge the results folder of every shard"
+                f"shard {', '.join(named)}{f' and {more} more' if more else ''} missing: its "
+                "runs would be absent from the merged report; merge the results folder of "
+                "every shard"
             )
         planned = {data["plan"].get("whole_runs") for _, data in parts.values()}
         found = sum(len(data["runs"]) for _, data in parts.values())
@@ -166,61 +217,128 @@ def _merge_calls(directories: Sequence[Path]) -> str:
     lines: list[str] = []
     for directory in directories:
         path = directory / CALLS
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(_read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise MergeError(f"{path}:{number}: not a JSON record ({exc})") from None
+            record = _json(line, f"{path}:{number}", "a JSON record")
             if not isinstance(record, dict):
                 raise MergeError(f"{path}:{number}: not a JSON object")
             lines.append(line + "\n")
     return "".join(lines)
 
 
+_CASE_CHILDREN = ("failure", "error", "flakyFailure", "flakyError", "skipped")
+_KNOWN_CASE_CHILDREN = frozenset((*_CASE_CHILDREN, "system-out", "system-err"))
+_STATUS_OF = {
+    "failure": "failed",
+    "flakyFailure": "failed",
+    "error": "error",
+    "flakyError": "error",
+}
+_SUITE_ATTRIBUTES = ("name", "timestamp", "hostname", "file")
+
+
+def _case_copy(case: ET.Element) -> ET.Element:
+    """A shard's test case rebuilt from what mm-batch writes, and nothing else a file may hold."""
+    copy = ET.Element("testcase", {k: case.get(k, "") for k in ("name", "classname", "time")})
+    for child in case:
+        if child.tag in _CASE_CHILDREN:
+            kept = {k: v for k in ("message", "type") if (v := child.get(k)) is not None}
+            verdict = ET.SubElement(copy, child.tag, kept)
+            verdict.text = child.text
+            trace = child.find("stackTrace")
+            if trace is not None:
+                ET.SubElement(verdict, "stackTrace").text = trace.text
+        elif child.tag in ("system-out", "system-err"):
+            ET.SubElement(copy, child.tag).text = child.text
+    return copy
+
+
+def _strange_element(case: ET.Element) -> str | None:
+    """The first element in a test case that mm-batch does not write there, if any."""
+    for child in case:
+        if child.tag not in _KNOWN_CASE_CHILDREN:
+            return str(child.tag)
+        allowed = ("stackTrace",) if child.tag.startswith("flaky") else ()
+        for grandchild in child:
+            if grandchild.tag not in allowed or len(grandchild):
+                return str(grandchild.tag)
+    return None
+
+
+def _case_status(case: ET.Element) -> str:
+    tags = [c.tag for c in case if c.tag in _STATUS_OF]
+    return _STATUS_OF[tags[0]] if len(tags) == 1 else "passed" if not tags else "several"
+
+
 def _merge_junit(
-    directories: Sequence[Path], suite_of_runs: str, results: Sequence[RunResult], rate: float
+    folders: Sequence[tuple[Path, Sequence[RunResult]]], suite_of_runs: str, rate: float
 ) -> str:
-    """The shards' test cases in plan order within each testsuite, flaky as the whole says."""
-    repeats = max((r.repeat for r in results), default=1)
-    runs = {
-        (classname(suite_of_runs, r.model), case_name(r.task, r.repeat, repeats)): r
-        for r in results
-    }
+    """The shards' test cases in plan order within each testsuite, flaky as the whole says.
+
+    Each folder's junit.xml must hold exactly its own runs, each once, with the verdict its
+    summary.json gives: a report that disagrees with the summary (and the exit code) is refused.
+    """
     root = ET.Element("testsuites")
     suites: dict[str, ET.Element] = {}
     cases: dict[str, list[tuple[RunResult, ET.Element]]] = {}
-    for directory in directories:
-        try:
-            tree = ET.parse(directory / JUNIT)
-        except ET.ParseError as exc:
-            raise MergeError(f"{directory / JUNIT}: not valid XML ({exc})") from None
-        for suite in tree.getroot().iter("testsuite"):
+    everything: list[RunResult] = []
+    for directory, results in folders:
+        path = directory / JUNIT
+        everything += results
+        runs: dict[tuple[str, str], RunResult] = {}
+        for r in results:
+            runs[classname(suite_of_runs, r.model), f"{r.task}#{r.repeat}"] = r
+            if r.repeat == 1:  # a plan without repeats names its cases by the task alone
+                runs[classname(suite_of_runs, r.model), r.task] = r
+        found: set[str] = set()
+        for suite in _parse(path).iter("testsuite"):
             name = suite.get("name", "")
             if name not in suites:
-                merged = ET.SubElement(root, "testsuite", dict(suite.attrib))
-                properties = suite.find("properties")
-                if properties is not None:
-                    merged.append(properties)
-                suites[name] = merged
+                attributes = {k: v for k in _SUITE_ATTRIBUTES if (v := suite.get(k)) is not None}
+                suites[name] = ET.SubElement(root, "testsuite", attributes)
+                properties = ET.SubElement(suites[name], "properties")
+                for p in suite.iterfind("properties/property"):
+                    pair = {"name": p.get("name", ""), "value": p.get("value", "")}
+                    ET.SubElement(properties, "property", pair)
             else:
                 _widen(suites[name], suite)
-            for case in suite.findall("testcase"):
+            for case in suite.iterfind("testcase"):
+                label = one_line(f"{case.get('classname')}.{case.get('name')}", 120)
                 run = runs.get((case.get("classname", ""), case.get("name", "")))
-                if run is None:
+                if run is None or run.run_id in found:
+                    what = "is no run of" if run is None else "is twice in the report of"
+                    raise MergeError(f"{path}: test case {label} {what} {directory}")
+                if _case_status(case) != run.status:
                     raise MergeError(
-                        f"{directory / JUNIT}: test case {case.get('classname')}."
-                        f"{case.get('name')} is no run of {directory / SUMMARY_JSON}"
+                        f"{path}: test case {label} is {_case_status(case)} but "
+                        f"{directory / SUMMARY_JSON} says {run.status}: the folder is damaged"
                     )
-                cases.setdefault(name, []).append((run, case))
-    flaky = flaky_runs(results, rate)
-    for name, found in cases.items():
-        for run, case in sorted(found, key=lambda pair: pair[0].index):
+                strange = _strange_element(case)
+                if strange is not None:
+                    raise MergeError(
+                        f"{path}: test case {label} holds <{one_line(strange, 60)}> where "
+                        "mm-batch never writes one: the folder is damaged"
+                    )
+                found.add(run.run_id)
+                cases.setdefault(name, []).append((run, _case_copy(case)))
+        missing = [r.run_id for r in results if r.run_id not in found]
+        if missing:
+            raise MergeError(f"{path}: no test case for run {one_line(missing[0], 120)}")
+    flaky = flaky_runs(everything, rate)
+    for name, pairs in cases.items():
+        for run, case in sorted(pairs, key=lambda pair: pair[0].index):
             set_flaky(case, run.run_id in flaky)
             suites[name].append(case)
     recount(root)
     return serialize(root)
+
+
+def _parse(path: Path) -> ET.Element:
+    try:
+        return ET.fromstring(_read_text(path))
+    except ET.ParseError as exc:
+        raise MergeError(f"{path}: not valid XML ({exc})") from None
 
 
 def _widen(merged: ET.Element, suite: ET.Element) -> None:
@@ -244,8 +362,9 @@ def merge(directories: Sequence[Path], out_dir: Path) -> int:
     _check_provenance(summaries)
     _check_complete(summaries)
     (rate,), (suite,) = rates, suites
-    results = sorted(_results(summaries), key=lambda r: r.index)
-    junit = _merge_junit(directories, suite, results, rate)
+    folders = _results(summaries)
+    results = sorted((r for runs in folders for r in runs), key=lambda r: r.index)
+    junit = _merge_junit(list(zip(directories, folders, strict=True)), suite, rate)
     calls = _merge_calls(directories)
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)

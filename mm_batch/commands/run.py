@@ -106,10 +106,13 @@ def run(
     masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
     cancel = threading.Event()
     received: list[int] = []
-    facts = masker.data(provenance(plan))
+    # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
+    facts = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
     click.echo(
-        f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
-        f"{plan.jobs} in parallel",
+        masker.text(
+            f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
+            f"{plan.jobs} in parallel"
+        ),
         err=True,
     )
     # Hooks and check programs are read now: nothing a command does later changes what runs.
@@ -134,7 +137,7 @@ def run(
                     effects.shutdown()
                 verdicts = task_verdicts(results, plan.min_pass_rate)
                 code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
-                summary_md = _write_reports(folder, plan, results, facts, code)
+                summary_md = _write_reports(folder, plan, results, facts, code, masker)
             finally:
                 folder.close()
         finally:
@@ -142,7 +145,7 @@ def run(
         publish_to_github(
             results,
             summary_md,
-            tasks_file=report_path(plan.tasks_file.path),
+            tasks_file=masker.text(report_path(plan.tasks_file.path)),
             min_pass_rate=plan.min_pass_rate,
             out_dir=out_dir.as_posix(),
         )
@@ -164,16 +167,16 @@ def _write_reports(
     results: Sequence[RunResult],
     facts: dict[str, Any],
     code: ExitCode,
+    masker: Masker,
 ) -> str:
     """Write every report that can be written; a bug in one does not keep the others back."""
-    summary_md = summary_markdown(plan.suite, results, plan.min_pass_rate)
+    suite = masker.text(plan.suite)
+    summary_md = summary_markdown(suite, results, plan.min_pass_rate)
     reports: list[tuple[str, Callable[[], str]]] = [
-        (JUNIT, lambda: junit_xml(plan, results, facts)),
+        (JUNIT, lambda: junit_xml(plan, results, facts, masker)),
         (
             SUMMARY_JSON,
-            lambda: summary_json(
-                plan.suite, plan.min_pass_rate, results, facts, code, plan.coverage
-            ),
+            lambda: summary_json(suite, plan.min_pass_rate, results, facts, code, plan.coverage),
         ),
         (SUMMARY_MD, lambda: summary_md),
     ]

@@ -16,6 +16,7 @@ from typing import Any
 from junit_xml import TestCase, TestSuite
 
 from mm_batch.config.paths import report_path
+from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, classname
 from mm_batch.report.summary import task_verdicts
 from mm_batch.run.records import RunResult
@@ -142,9 +143,12 @@ def serialize(root: ET.Element) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def junit_xml(plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any]) -> str:
-    suite = plan.suite
-    tasks_file = report_path(plan.tasks_file.path)  # what CI links to: SPEC §7
+def junit_xml(
+    plan: Plan, results: Sequence[RunResult], provenance: Mapping[str, Any], masker: Masker
+) -> str:
+    """`results` and `provenance` come masked; the names taken from the plan are masked here."""
+    suite = masker.text(plan.suite)
+    tasks_file = masker.text(report_path(plan.tasks_file.path))  # what CI links to: SPEC §7
     results = sorted(results, key=lambda r: r.index)
     properties = {xml_safe(k): xml_safe(str(v)) for k, v in provenance.items()}
     flaky = flaky_runs(results, plan.min_pass_rate)

@@ -143,7 +143,7 @@ def summary_json(
             for r in results
         ],
     }
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 # What a model or a command wrote is shown as text wherever it is rendered. In summary.md every
@@ -172,8 +172,12 @@ def printable(text: str) -> str:
 
 
 def one_line(text: str, limit: int = 200) -> str:
-    """Text flattened to one printable line: whitespace runs as one space, controls spelled out."""
-    flat = printable(" ".join(text.split()))
+    """Text flattened to one printable line: whitespace runs as one space, controls spelled out.
+
+    GitHub's runner still reads the old `##[command]` form anywhere in a line of the log, so
+    that form is broken with an invisible word joiner: a reason printed can command nothing.
+    """
+    flat = printable(" ".join(text.split())).replace("##[", "#" + WORD_JOINER + "#[")
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
@@ -198,6 +202,10 @@ def _between_alphanumerics(text: str, i: int) -> bool:
     return before.isascii() and before.isalnum() and after.isascii() and after.isalnum()
 
 
+# GitHub refuses a step summary over 1 MiB whole: 500 rows of at most ~700 bytes stay well under.
+SUMMARY_RUNS_LIMIT = 500
+
+
 def summary_markdown(
     suite: str, results: Sequence[RunResult], min_pass_rate: float | None = None
 ) -> str:
@@ -220,9 +228,12 @@ def summary_markdown(
     not_passed = [r for r in results if r.status != "passed"]
     if not_passed:
         lines += ["", "| Run | Status | Why |", "|-----|--------|-----|"]
-        for r in not_passed:
+        for r in not_passed[:SUMMARY_RUNS_LIMIT]:
             status = f"{r.status} (tolerated)" if (r.task, r.model) in tolerated else r.status
             lines.append(f"| {markdown_text(r.run_id)} | {status} | {markdown_text(r.reason)} |")
+        if len(not_passed) > SUMMARY_RUNS_LIMIT:
+            more = len(not_passed) - SUMMARY_RUNS_LIMIT
+            lines += ["", f"{more} more runs did not pass: junit.xml and summary.json list them."]
     return "\n".join(lines) + "\n"
 
 

@@ -3,8 +3,8 @@
 A model, a command it runs, or a shard's results folder tries to make a CI reader mis-read the
 reports: move mikepenz's annotation, break the XML, smuggle a workflow command into the job's
 log, leak a secret past a cut, or make `mm-batch merge` crash (exit 4) or merge what it should
-refuse. Attacks that hold are plain tests (they guard the rule); the holes found are
-`xfail(strict=True)` with the reason, so that the fix turns them into passing tests.
+refuse. Every attack here is a plain test: the holes the first attack found are closed, and
+these tests keep them closed.
 """
 
 from __future__ import annotations
@@ -326,13 +326,6 @@ def test_a_model_name_cannot_split_the_annotation_or_add_one(
     assert set(props) == {"file", "line", "title"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: a reason holding a legacy `##[cmd]` workflow command reaches the job's log in "
-    "the progress line and the short summary; the runner reads `##[` anywhere in a line, so a "
-    "model or a command can add annotations, add-mask, or stop-commands (which silences "
-    "mm-batch's own ::error lines after it)",
-)
 def test_a_reason_cannot_smuggle_a_workflow_command_into_the_log(
     cli: Cli, fake_model: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -406,12 +399,6 @@ def _failing(count: int, reason: str) -> list[RunResult]:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: summary.md lists every run that did not pass, unbounded; GitHub refuses a step "
-    "summary over 1024 KiB whole ('$GITHUB_STEP_SUMMARY upload aborted'), so a large matrix with "
-    "a model down shows no summary at all",
-)
 def test_the_step_summary_of_a_large_failing_matrix_stays_under_githubs_limit() -> None:
     # 250 tasks x 4 models x 5 repeats, the provider down: what litellm says, cut to 300 as
     # mm-batch does.
@@ -428,13 +415,6 @@ def test_the_step_summary_of_a_large_failing_matrix_stays_under_githubs_limit() 
 # --- secrets where the reports name files ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole (low severity; SPEC 7 says masking applies to every string written): a secret "
-    "value that is part of the tasks file's path or name shows unmasked in junit.xml (suite name, "
-    "classname, file, the sha256 property's name, `task defined at`), summary.json, summary.md, "
-    "the ::error file= and the first stderr line",
-)
 def test_a_secret_in_the_tasks_file_path_is_masked_everywhere(
     cli: Cli, fake_model: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -573,10 +553,6 @@ def _set_run(key: str, value: Any) -> Callable[[Path], None]:
     return _summary(lambda d: d["runs"][0].update({key: value}))
 
 
-def _hole(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, reason=f"hole: {reason}")
-
-
 @pytest.mark.parametrize(
     "attack",
     [
@@ -586,44 +562,13 @@ def _hole(reason: str) -> pytest.MarkDecorator:
         pytest.param(_set_run("index", True), id="index-a-boolean"),
         pytest.param(_set_run("status", "skipped"), id="status-unknown"),
         pytest.param(_summary(lambda d: d["plan"].update(shard="0/2")), id="shard-zero"),
-        pytest.param(
-            _summary(lambda d: d.update(min_pass_rate="abc")),
-            id="min-pass-rate-a-word",
-            marks=_hole("float() of a hostile min_pass_rate raises: exit 4 (merge.py:237)"),
-        ),
-        pytest.param(
-            _summary(lambda d: d.update(min_pass_rate=[1])),
-            id="min-pass-rate-a-list",
-            marks=_hole("float() of a list raises TypeError: exit 4 (merge.py:237)"),
-        ),
-        pytest.param(
-            _summary(lambda d: d["plan"].update(whole_runs=[2])),
-            id="whole-runs-a-list",
-            marks=_hole("a set of plan.whole_runs values: unhashable list, exit 4 (merge.py:156)"),
-        ),
-        pytest.param(
-            _deep_json,
-            id="summary-nested-200000-deep",
-            marks=_hole("json.loads raises RecursionError, not ValueError: exit 4 (merge.py:60)"),
-        ),
-        pytest.param(
-            _deep_calls,
-            id="calls-line-nested-200000-deep",
-            marks=_hole("RecursionError on a calls.jsonl line: exit 4 (merge.py:173)"),
-        ),
-        pytest.param(
-            _binary_calls,
-            id="calls-not-utf8",
-            marks=_hole("read_text outside the try: UnicodeDecodeError, exit 4 (merge.py:171)"),
-        ),
-        pytest.param(
-            _deep_junit,
-            id="junit-testcase-nested-100000-deep",
-            marks=_hole(
-                "expat parses it, then ET.indent/tostring recurse: RecursionError, exit 4 "
-                "(junit.py serialize, from merge.py:230)"
-            ),
-        ),
+        pytest.param(_summary(lambda d: d.update(min_pass_rate="abc")), id="min-pass-rate-a-word"),
+        pytest.param(_summary(lambda d: d.update(min_pass_rate=[1])), id="min-pass-rate-a-list"),
+        pytest.param(_summary(lambda d: d["plan"].update(whole_runs=[2])), id="whole-runs-a-list"),
+        pytest.param(_deep_json, id="summary-nested-200000-deep"),
+        pytest.param(_deep_calls, id="calls-line-nested-200000-deep"),
+        pytest.param(_binary_calls, id="calls-not-utf8"),
+        pytest.param(_deep_junit, id="junit-testcase-nested-100000-deep"),
     ],
 )
 def test_a_damaged_shard_is_refused_with_exit_2_never_a_traceback(
@@ -644,12 +589,6 @@ def test_a_damaged_shard_is_refused_with_exit_2_never_a_traceback(
         pytest.param(_set_run("repeat", 0), id="repeat-zero"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: _is_run checks types only (merge.py:39); a shard's run with a non-finite or "
-    "negative duration, or a line, index or repeat out of range, is merged into a summary.json "
-    "that breaks the project's own schema (NaN/Infinity are not even JSON)",
-)
 def test_a_run_out_of_range_is_refused_or_never_written(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path, attack: Callable[[Path], None]
 ) -> None:
@@ -661,11 +600,6 @@ def test_a_run_out_of_range_is_refused_or_never_written(
         check_json("summary.schema.json", summary, "merged summary.json")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: `missing` lists every K of a hostile N (merge.py:149): shards claiming "
-    "1/1000000000 and 2/1000000000 take seconds and gigabytes, then MemoryError, exit 4",
-)
 def test_a_huge_shard_count_is_refused_in_bounded_time_and_memory(
     shards: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -784,12 +718,6 @@ def _place_attributes(shards: tuple[Path, Path]) -> None:
         pytest.param(_place_attributes, id="testcase-with-file-and-line"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: _merge_junit (merge.py:210) never checks that each run of summary.json has "
-    "exactly one testcase, in its own shard's junit.xml, with the verdict summary.json gives, "
-    "carrying only name/classname/time: the merged junit.xml then disagrees with the exit code",
-)
 def test_a_merged_junit_agrees_with_the_merged_summary(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path, attack: Callable[[tuple[Path, Path]], None]
 ) -> None:
@@ -828,12 +756,6 @@ def _hostile_run_id(shards: tuple[Path, Path]) -> None:
         pytest.param(_hostile_run_id, id="run-id-in-both-shards"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: merge's refusals quote a shard's testcase name (merge.py:213) and run id "
-    "(merge.py:81) raw: a CR/LF in them puts a line of the shard's choosing on stderr, which the "
-    "GitHub runner reads as a workflow command; an ESC reaches the terminal",
-)
 def test_a_refusal_quotes_hostile_names_as_one_printable_line(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path, attack: Callable[[tuple[Path, Path]], None]
 ) -> None:
@@ -871,11 +793,6 @@ def test_a_shards_hostile_reason_renders_as_text_in_the_merged_summary(
     assert HOSTILE_REASON in [seen(c) for c in parsed.cells]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hole: merge prints the shards' reasons in its short summary (merge.py:268) through "
-    "one_line, which leaves `##[` alone: the runner reads the shard's stop-commands",
-)
 def test_a_shards_reason_cannot_smuggle_a_workflow_command_into_the_merge_log(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path
 ) -> None:
