@@ -146,30 +146,38 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunR
 
 
 def _check_provenance(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
-    """Shards of one plan ran the same files with the same mm-batch; anything else is refused."""
+    """Shards of one plan ran the same files with the same mm-batch; anything else is refused.
 
-    def identity(data: dict[str, Any]) -> dict[str, str]:
+    Files are compared by their digests, not their paths: shards started from other working
+    directories name the same file differently.
+    """
+
+    def identity(data: dict[str, Any]) -> tuple[str, list[str], dict[str, str]]:
         provenance = data.get("provenance") or {}
-        return {
-            key: str(value)
-            for key, value in provenance.items()
-            if key == "mm_batch_version" or key.startswith("sha256:")
-        }
+        files = {k: str(v) for k, v in provenance.items() if k.startswith("sha256:")}
+        return str(provenance.get("mm_batch_version")), sorted(files.values()), files
 
-    first_dir, first = summaries[0][0], identity(summaries[0][1])
+    first_dir, (version, digests, files) = summaries[0][0], identity(summaries[0][1])
     for directory, data in summaries[1:]:
-        other = identity(data)
-        differ = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
-        if differ:
-            what = "; ".join(
-                f"{key}: {first.get(key, 'absent')} in {first_dir}, "
-                f"{other.get(key, 'absent')} in {directory}"
-                for key in differ
+        other_version, other_digests, other_files = identity(data)
+        if other_version != version:
+            what = f"mm_batch_version: {version} in {first_dir}, {other_version} in {directory}"
+        elif other_digests != digests:
+            what = (
+                "; ".join(
+                    f"{one_line(k, 120)}: {v} in {first_dir}, {other_files.get(k, 'absent')} in "
+                    f"{directory}"
+                    for k, v in files.items()
+                    if v not in other_digests
+                )
+                or f"their files differ: {sorted(other_files)} in {directory}"
             )
-            raise MergeError(
-                f"{first_dir} and {directory} do not come from the same plan ({what}): "
-                "merge the shards of one run of one mm-batch over the same files"
-            )
+        else:
+            continue
+        raise MergeError(
+            f"{first_dir} and {directory} do not come from the same plan ({one_line(what, 600)}): "
+            "merge the shards of one run of one mm-batch over the same files"
+        )
 
 
 def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:

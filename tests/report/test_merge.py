@@ -123,3 +123,37 @@ def test_shards_of_different_files_or_versions_are_refused_by_name(
     older = cli("merge", first, second, "--out", tmp_path / "bad")
     assert older.code == 2
     assert "mm_batch_version: " in older.err and f"0.0.1 in {second}" in older.err
+
+
+def test_shards_run_from_other_working_directories_merge(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """The same files named by other paths (each shard's own working directory) are one plan."""
+    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(TWO_TASKS)
+    fake = fake_model(flaky_script(0))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for k, cwd in ((1, tmp_path), (2, elsewhere)):
+        cli(
+            "run",
+            tasks,
+            *model_args(fake),
+            "--shard",
+            f"{k}/2",
+            "--out",
+            tmp_path / f"s{k}",
+            cwd=cwd,
+        )
+    names = [
+        {
+            k
+            for k in json.loads((tmp_path / f"s{k}" / "summary.json").read_text())["provenance"]
+            if k.startswith("sha256:")
+        }
+        for k in (1, 2)
+    ]
+    assert names[0] != names[1]  # the same files, named from two places
+    merged = cli("merge", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "merged")
+    assert merged.code == 0, merged.err
