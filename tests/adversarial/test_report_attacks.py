@@ -40,6 +40,7 @@ from mm_batch.testing.fake_openai import (
 )
 from tests.conftest import CliResult, check_json, check_report, model_args, write
 from tests.consumers.test_reading_rules import mikepenz_position
+from tests.report.test_junit import FLAKY_TASKS
 from tests.report.test_terminal import _pty_run, _slow_suite
 
 Cli = Callable[..., CliResult]
@@ -252,19 +253,6 @@ def _flaky_leak_script() -> Script:
         return tool_call("leak" if bad else "ok", {})
 
     return script
-
-
-FLAKY_TASKS = """
-agent: agent.yaml
-repeat: 3
-min_pass_rate: 0.6
-jobs: 1
-tasks:
-  - id: publish
-    prompt: Publish.
-    expect:
-      calls: [{tool: ok}]
-"""
 
 
 def test_a_secret_in_a_flaky_failure_stays_masked_in_shards_and_after_merge(
