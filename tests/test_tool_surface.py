@@ -88,7 +88,7 @@ def test_skills_are_listed_and_read(cli: Cli, fake_model: Fake, tmp_path: Path) 
     result, records = run(cli, tmp_path, fake)
     assert result.code == 0, result.err
     system = fake.requests[0]["messages"][0]["content"]
-    assert system.startswith("You are ACME's assistant.\n\nSkills you can read")
+    assert system.startswith("You are ACME's assistant.\n\nSkills are instructions, not tools")
     assert "- deploy: How ACME deploys a release. (keywords: release, ship)" in system
     assert "- oncall: Who to page." in system
     found = tools_of(records, "found")[0]

@@ -5,7 +5,7 @@ One command: starts the MCP stand-in server, runs tasks.yaml (3 actions x Englis
 successes/30 and mean seconds per run, per approach and model.
 
 Needs the local and mcp extras: pip install -e '.[local,mcp]'
-Run: python examples/seed-experiment/run.py [--model local/...] [--repeat N]
+Run: python examples/seed-experiment/run.py [--model local/...] [--approach NAME] [--repeat N]
 """
 
 from __future__ import annotations
@@ -44,8 +44,11 @@ def wait_for(port: int, deadline_s: float = 30) -> None:
     raise SystemExit("run.py: the MCP stand-in did not start")
 
 
-def run_model(model: str, repeat: int, out: Path, env: dict[str, str]) -> list[dict[str, object]]:
+def run_model(
+    model: str, repeat: int, out: Path, env: dict[str, str], approaches: list[str]
+) -> list[dict[str, object]]:
     (HERE / "calls-received.log").unlink(missing_ok=True)
+    filters = [] if len(approaches) == len(APPROACHES) else ["--filter", f"{approaches[0]}.*"]
     subprocess.run(
         [
             sys.executable,
@@ -59,6 +62,7 @@ def run_model(model: str, repeat: int, out: Path, env: dict[str, str]) -> list[d
             str(repeat),
             "--out",
             str(out),
+            *filters,
         ],
         env=env,
         check=False,
@@ -70,19 +74,26 @@ def run_model(model: str, repeat: int, out: Path, env: dict[str, str]) -> list[d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", help="model (repeatable; default both local)")
+    parser.add_argument(
+        "--approach",
+        choices=sorted(APPROACHES),
+        help="only this approach (default all three); the table shows only its column",
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("seed-experiment-results"))
     options = parser.parse_args()
     port = free_port()
     standin = subprocess.Popen([sys.executable, str(HERE / "mcp_standin.py"), str(port)])
+    approaches = [options.approach] if options.approach else list(APPROACHES)
     rows: list[tuple[str, dict[str, str]]] = []
     try:
         wait_for(port)
         env = {**os.environ, "SEED_MCP_URL": f"http://127.0.0.1:{port}/mcp"}
         for model in options.model or MODELS:
-            tasks = run_model(model, options.repeat, options.out / model.replace("/", "_"), env)
+            out = options.out / model.replace("/", "_")
+            tasks = run_model(model, options.repeat, out, env, approaches)
             cells = {}
-            for approach in APPROACHES:
+            for approach in approaches:
                 mine = [t for t in tasks if str(t["task"]).startswith(f"{approach}.")]
                 ok = sum(t["status"] == "passed" for t in mine)
                 mean = sum(float(str(t["duration_s"])) for t in mine) / max(len(mine), 1)
@@ -92,10 +103,11 @@ def main() -> int:
         standin.terminate()
         standin.wait(timeout=10)
     print()
-    print("| Model | " + " | ".join(APPROACHES.values()) + " |")
-    print("|-------|" + "|".join("-" * (len(v) + 2) for v in APPROACHES.values()) + "|")
+    titles = [APPROACHES[a] for a in approaches]
+    print("| Model | " + " | ".join(titles) + " |")
+    print("|-------|" + "|".join("-" * (len(t) + 2) for t in titles) + "|")
     for model, cells in rows:
-        print(f"| {model} | " + " | ".join(cells[a] for a in APPROACHES) + " |")
+        print(f"| {model} | " + " | ".join(cells[a] for a in approaches) + " |")
     return 0
 
 

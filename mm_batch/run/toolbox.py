@@ -62,7 +62,11 @@ def read_skill_tool(agent: AgentConfig) -> ToolSpec:
     names = ", ".join(s.name for s in agent.skills) or "none"
     return ToolSpec(
         name="read_skill",
-        description="Read one of the skills listed in the system prompt: its full instructions.",
+        description=(
+            "Read a skill listed in the system prompt: its instructions say which command to run "
+            "with bash for one kind of request. Call it before you act on a request, with the "
+            "name of the skill that matches it."
+        ),
         params=(
             ParamSpec(
                 "name",
@@ -105,12 +109,44 @@ def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
     )
 
 
+def read_skill_call(name: str) -> str:
+    """The read_skill call that reads skill `name`, written as the tool call itself: small
+    models copy a call they see more readily than they follow a description of one."""
+    return f'{{"name": "read_skill", "arguments": {{"name": "{name}"}}}}'
+
+
+def skill_answer(body: str, bash: bool) -> str:
+    """What read_skill answers: the skill's body, then what to do with it for this request.
+    Without the last line small models run a skill's example with its placeholders
+    (`./release.sh VERSION`) or stop after reading."""
+    then = (
+        "call bash now with its command, the request's values in place of the words in capitals"
+        if bash
+        else "do now what it says, with the request's values"
+    )
+    return f"{body.rstrip()}\n\nFor this request: {then}."
+
+
 def skills_catalogue(agent: AgentConfig) -> str:
-    """What the system prompt lists when read_skill is on."""
-    lines = ["Skills you can read with the read_skill tool before you act:"]
+    """What the system prompt lists when read_skill is on: each skill with the call that reads
+    it, and when to make it. Small models call a skill's name as if it were a tool: the first
+    line says it is not one."""
+    then = (
+        "it tells you which command to run with bash, with the request's values in place of "
+        "the words in capitals"
+        if "bash" in agent.builtins
+        else "it tells you what to do"
+    )
+    lines = [
+        "Skills are instructions, not tools: never call a skill's name. Before you act on a "
+        f"request, read the skill that matches it with the read_skill tool; {then}.",
+        "The skills, each with the call that reads it:",
+    ]
     for skill in agent.skills:
         keywords = f" (keywords: {', '.join(skill.keywords)})" if skill.keywords else ""
-        lines.append(f"- {skill.name}: {skill.description}{keywords}")
+        lines.append(
+            f"- {skill.name}: {skill.description}{keywords} Read it: {read_skill_call(skill.name)}"
+        )
     return "\n".join(lines)
 
 
@@ -144,16 +180,24 @@ class Toolbox:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    @property
+    def text_call_names(self) -> list[str]:
+        """The names a call written as text is taken for: the tools, and the skills' names when
+        read_skill is on, so that a skill written as a call is answered with how to read it."""
+        skills = [s.name for s in self.agent.skills] if "read_skill" in self._tools else []
+        return sorted({*self._tools, *skills})
+
     def unknown_tool_answer(self, name: str) -> str:
         """What a call of a tool that does not exist is answered with: what to do instead."""
         answer = (
             f"There is no tool named '{name}'. The tools are: {', '.join(self.names) or 'none'}."
         )
-        skill = next((s for s in self.agent.skills if s.name == name), None)
+        skill = next((s for s in self.agent.skills if s.name.lower() == name.lower()), None)
         if skill is not None and "read_skill" in self._tools:
+            then = "which command to run with bash" if "bash" in self._tools else "what to do"
             answer += (
-                f" '{name}' is a skill, not a tool: read it with read_skill "
-                f'(arguments {{"name": "{name}"}}) and follow what it says.'
+                f" '{name}' is a skill, not a tool: read it with read_skill now, with exactly "
+                f"this call: {read_skill_call(skill.name)}. It tells you {then}."
             )
         return answer
 
