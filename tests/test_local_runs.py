@@ -113,7 +113,8 @@ def test_release_example_on_the_real_small_model(tmp_path: Path) -> None:
     proc, records = _run_live(example / "tasks.yaml", out)
     assert proc.returncode in (0, 1), proc.stderr
     assert "local/qwen2.5-coder-0.5b ready in" in proc.stderr
-    assert _servers() == before  # the server stopped with the run
+    # The server stopped with the run (other servers on the machine may come and go).
+    assert set(_servers()) - set(before) == set()
     tasks = [r for r in records if r["kind"] == "task"]
     assert len(tasks) == 6 and {t["status"] for t in tasks} <= {"passed", "failed"}
     rescued = [r for r in records if r["kind"] == "tool" and r["recovered_from_text"]]

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -111,6 +112,14 @@ def by_prompt(conversations: Mapping[str, Sequence[Reply]], default: Reply | Non
     return script
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-reply (its timeout passed) is normal here, not a traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FakeOpenAI:
     """Serve chat completions on a free loopback port; use as a context manager."""
 
@@ -120,7 +129,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = _QuietServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         # A short poll: stopping the server waits for it, once per test that uses one.
         self._thread = threading.Thread(
