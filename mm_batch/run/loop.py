@@ -26,6 +26,11 @@ from mm_batch.tools.declared import parse_arguments
 from mm_batch.tools.text_calls import recover_tool_calls
 
 INTERRUPTED = "interrupted before the run finished"
+REPEAT_REASON = "repeat of the call that ran just before it with exit code 0: not run again"
+# After a rescued call that ran, the model is told plainly to answer: the 0.5B, given the
+# softer "if that settles the request", mostly wrote the same call again (benchmarks/).
+ANSWER_NOW = "Now answer my request in one plain sentence. Do not call a tool."
+SETTLES = "If that settles the request, answer in plain text, without calling a tool."
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,15 @@ def canonical_arguments(raw: str | None) -> str:
         return raw or ""
     # parse_arguments bounds digits and depth, so every value it returns can be printed.
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """The last call that ran to the end with exit code 0: its key, record and answer."""
+
+    key: tuple[str, str]
+    record: ToolRecord
+    answer: str
 
 
 def _history_arguments(raw: str | None) -> str:
@@ -92,6 +106,7 @@ class AgentLoop:
         schemas = self.toolbox.schemas()
         last_key: tuple[str, str] | None = None
         in_a_row = 0
+        done: _Done | None = None  # the call just before, when it ran to the end with exit 0
         for _turn in range(task.max_turns):
             if self.cancel.is_set():
                 return LoopEnd(error=INTERRUPTED)
@@ -129,11 +144,20 @@ class AgentLoop:
                     )
                     self.emit(self._loop_record(call, reason))
                     return LoopEnd(failure=reason)
+                if done is not None and done.key == key:
+                    # The same call again right after it succeeded: a second release is a
+                    # hazard, so it is not run; the model gets the result it already had.
+                    self.emit(self._repeat_record(call, done.record))
+                    messages.append(self._repeat_message(call, done.answer))
+                    continue
                 result = self.calls.handle(call, deadline)
                 self.emit(result.record)
                 if result.sandbox_failure is not None:
                     return LoopEnd(error=result.sandbox_failure)
-                messages.append(self._result_message(call, result.answer))
+                record = result.record
+                succeeded = record.outcome == "ran" and record.exit_code == 0
+                done = _Done(key, record, result.answer) if succeeded else None
+                messages.append(self._result_message(call, result.answer, record.outcome))
                 if self.cancel.is_set():
                     return LoopEnd(error=INTERRUPTED)
                 if result.deadline_hit or time.monotonic() >= deadline:
@@ -152,6 +176,27 @@ class AgentLoop:
             reason=reason,
         )
 
+    def _repeat_record(self, call: ToolCallRequest, earlier: ToolRecord) -> ToolRecord:
+        return ToolRecord(
+            tool=call.name,
+            raw_arguments=call.raw_arguments,
+            arguments=earlier.arguments,
+            outcome="invalid",
+            started=False,
+            where=earlier.where,
+            recovered_from_text=call.recovered_from_text,
+            reason=REPEAT_REASON,
+        )
+
+    def _repeat_message(self, call: ToolCallRequest, earlier: str) -> dict[str, Any]:
+        content = (
+            f"This exact {call.name} call already ran just now, and it was not run again. "
+            f"Its result:\n{earlier}"
+        )
+        if call.recovered_from_text:
+            return {"role": "user", "content": f"{content}\n\n{ANSWER_NOW}"}
+        return {"role": "tool", "tool_call_id": call.id, "content": f"{content}\n\n{SETTLES}"}
+
     def _with_text_calls(self, reply: ModelReply) -> ModelReply:
         found = recover_tool_calls(reply.text or "", self.toolbox.names)
         calls = tuple(
@@ -160,14 +205,15 @@ class AgentLoop:
         )
         return dataclasses.replace(reply, tool_calls=calls)
 
-    def _result_message(self, call: ToolCallRequest, content: str) -> dict[str, Any]:
+    def _result_message(self, call: ToolCallRequest, content: str, outcome: str) -> dict[str, Any]:
         if call.recovered_from_text:
             # The model's turn held no real tool call to answer: the history stays as it was,
-            # and the result comes back as the next user message.
+            # and the result comes back as the next user message. A call that ran asks for
+            # the answer; any other outcome leaves the model free to call again, corrected.
+            ending = ANSWER_NOW if outcome == "ran" else SETTLES
             return {
                 "role": "user",
-                "content": f"The {call.name} call was answered:\n{content}\n\n"
-                "If that settles the request, answer in plain text, without calling a tool.",
+                "content": f"The {call.name} call was answered:\n{content}\n\n{ending}",
             }
         return {"role": "tool", "tool_call_id": call.id, "content": content}
 

@@ -94,7 +94,9 @@ def test_the_third_identical_call_in_a_row_is_not_run(tmp_path: Path) -> None:
     tasks = agent_dir(tmp_path, ONE_TASK)
     same = calls(("note", '{"text": "hello"}'))
     out = run_tasks(tasks, [same, same, same, answer("never")])
-    assert notes(tmp_path) == ["hello", "hello"]
+    # The 2nd came right after the 1st ran with exit 0: answered, not run (test_second_turn.py).
+    assert notes(tmp_path) == ["hello"]
+    assert [r["outcome"] for r in out.records.of("tool")] == ["ran", "invalid", "loop"]
     last = out.records.of("tool")[-1]
     assert last["outcome"] == "loop" and last["started"] is False
     assert out.result.status == "failed"
