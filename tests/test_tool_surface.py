@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mm_batch.run.toolbox import skill_answer
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
 from tests.conftest import CliResult, model_args, read_calls, write
 from tests.mcp_server import project_server, serve
@@ -94,7 +95,8 @@ def test_skills_are_listed_and_read(cli: Cli, fake_model: Fake, tmp_path: Path) 
     found = tools_of(records, "found")[0]
     assert found["outcome"] == "ran" and found["where"] == "skill"
     body = "Call the release tool with the version and the beta channel first."
-    assert any(m.get("content") == body for r in fake.requests for m in r["messages"])
+    served = skill_answer(body, bash=False)  # the body, then what to do with it
+    assert any(m.get("content") == served for r in fake.requests for m in r["messages"])
     missing = tools_of(records, "missing")[0]
     assert missing["outcome"] == "invalid" and missing["reason"] == "no skill named 'nope'"
 

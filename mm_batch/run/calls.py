@@ -22,7 +22,7 @@ from mm_batch.run.ports import (
 )
 from mm_batch.run.pristine import MissingAtStartError, Pristine
 from mm_batch.run.records import HookRecord, Outcome, ToolRecord
-from mm_batch.run.toolbox import PreparedCall, Toolbox
+from mm_batch.run.toolbox import PreparedCall, Toolbox, skill_answer
 from mm_batch.tools.consent import Decision, decide
 from mm_batch.tools.declared import InvalidCall
 
@@ -223,7 +223,8 @@ class CallHandler:
             answer = f"There is no skill named {name!r}. The skills: {known}."
             return _Ran("invalid", f"no skill named {name!r}", self.masker.text(answer), False)
         # Served from what was read at start: a skill file changed during the run changes nothing.
-        return _Ran("ran", None, self.masker.text(skill.body), True)
+        answer = skill_answer(skill.body, "bash" in self.agent.builtins)
+        return _Ran("ran", None, self.masker.text(answer), True)
 
     def _call_mcp(self, prepared: PreparedCall, timeout: float) -> _Ran:
         assert prepared.mcp is not None

@@ -198,7 +198,8 @@ class AgentLoop:
         return {"role": "tool", "tool_call_id": call.id, "content": f"{content}\n\n{SETTLES}"}
 
     def _with_text_calls(self, reply: ModelReply) -> ModelReply:
-        found = recover_tool_calls(reply.text or "", self.toolbox.names)
+        # A skill's name written as a call is taken too, to be answered with how to read it.
+        found = recover_tool_calls(reply.text or "", self.toolbox.text_call_names)
         calls = tuple(
             ToolCallRequest(f"text_call_{i}", c.name, c.raw_arguments, recovered_from_text=True)
             for i, c in enumerate(found)
@@ -210,11 +211,11 @@ class AgentLoop:
             # The model's turn held no real tool call to answer: the history stays as it was,
             # and the result comes back as the next user message. A call that ran asks for
             # the answer; any other outcome leaves the model free to call again, corrected.
-            ending = ANSWER_NOW if outcome == "ran" else SETTLES
-            return {
-                "role": "user",
-                "content": f"The {call.name} call was answered:\n{content}\n\n{ending}",
-            }
+            answered = f"The {call.name} call was answered:\n{content}"
+            if outcome != "ran" or call.name == "read_skill":
+                # Nothing done yet (a call to correct, a skill to follow): no line to stop on.
+                return {"role": "user", "content": answered}
+            return {"role": "user", "content": f"{answered}\n\n{ANSWER_NOW}"}
         return {"role": "tool", "tool_call_id": call.id, "content": content}
 
     def _assistant_message(self, reply: ModelReply) -> dict[str, Any]:

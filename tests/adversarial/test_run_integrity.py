@@ -123,7 +123,7 @@ def test_a_rewritten_hook_check_skill_and_agent_file_change_nothing_in_the_run(
     assert check["ok"] is False and "original check" in check["detail"]
     # read_skill served the body read at start,
     skill = next(r for r in tools_of(project / "out", "rewrite") if r["tool"] == "read_skill")
-    assert skill["stdout"] == "original body"
+    assert str(skill["stdout"]).startswith("original body\n\nFor this request:")
     # and the next task still ran under the allowlist and the hook read at start.
     after = tools_of(project / "out", "after")
     assert [(r["outcome"], r["rule"]) for r in after] == [("ran", "allow[0]")]

@@ -110,7 +110,9 @@ def test_a_skill_called_as_a_tool_is_answered_with_the_read_skill_call_to_make(
     assert first["outcome"] == "invalid" and first["started"] is False
     # Following the answer works: the skill is read.
     assert second["tool"] == "read_skill" and second["outcome"] == "ran"
-    assert out.client.requests[2][-1]["content"] == "Run ./release.sh with bash."
+    assert out.client.requests[2][-1]["content"] == skill_answer(
+        "Run ./release.sh with bash.", bash=True
+    )
 
 
 def test_the_skill_is_matched_whatever_the_case_of_the_call(tmp_path: Path) -> None:
