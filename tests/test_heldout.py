@@ -194,8 +194,11 @@ def another_tool(task: TaskSpec) -> list[Reply]:
 
 
 def called_twice(task: TaskSpec) -> list[Reply]:
-    """The right call, then the same again after its result: a release tool would act twice."""
-    return [the_call(task), the_call(task), text("Done.")]
+    """The right call, another, then the right one again: a release tool would act twice.
+
+    (The same call right after it succeeded is answered, not run: only a later one runs again.)
+    """
+    return [the_call(task), another_tool(task)[0], the_call(task), text("Done.")]
 
 
 @pytest.mark.parametrize("near_miss", [wrong_value, another_tool, called_twice])
