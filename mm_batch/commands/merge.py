@@ -23,9 +23,10 @@ from mm_batch.report.files import (
     ResultsFolder,
     unwritable,
 )
-from mm_batch.report.junit import flaky_runs, recount, serialize, set_flaky
+from mm_batch.report.junit import recount, serialize, set_flaky
 from mm_batch.report.summary import (
     exit_code,
+    flaky_runs,
     one_line,
     summary_json,
     summary_markdown,
@@ -34,6 +35,13 @@ from mm_batch.report.summary import (
 )
 from mm_batch.report.terminal import short_summary
 from mm_batch.run.records import RunResult
+
+
+class MergeError(PlanError):
+    """A folder that cannot be merged: missing, damaged or overlapping results."""
+
+    consequence = "nothing merged"
+
 
 _RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
 
@@ -93,12 +101,6 @@ def _json(text: str, where: str, what: str = "valid JSON") -> Any:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # a nesting deep enough exhausts the stack
         raise MergeError(f"{where}: not {what} ({one_line(str(exc), 120)})") from None
-
-
-class MergeError(PlanError):
-    """A folder that cannot be merged: missing, damaged or overlapping results."""
-
-    consequence = "nothing merged"
 
 
 def _read_summary(directory: Path) -> dict[str, Any]:

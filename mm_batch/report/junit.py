@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import socket
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from junit_xml import TestCase, TestSuite
@@ -18,7 +18,7 @@ from junit_xml import TestCase, TestSuite
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, classname
-from mm_batch.report.summary import task_verdicts
+from mm_batch.report.summary import flaky_runs
 from mm_batch.run.records import RunResult
 
 # Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
@@ -62,9 +62,8 @@ def _details(result: RunResult, tasks_file: str) -> str:
             "\n".join(f"[{'ok' if c.ok else 'FAILED'}] {c.name}: {c.detail}" for c in result.checks)
         )
     # Many readers show only this text (GitLab, dorny): the failing commands' stderr goes here too.
-    failing = [call for call in result.calls if "\n    stderr" in call]
-    if failing:
-        parts.append("calls that exited non-zero:\n" + "\n".join(failing))
+    if result.failed_calls:
+        parts.append("calls that exited non-zero:\n" + "\n".join(result.failed_calls))
     # Last, whatever is cut: mikepenz takes the last <file>:<line> of the text as the place.
     place = f"\n\nrun: {result.run_id}\ntask defined at {tasks_file}:{result.line}"
     return _bounded("\n\n".join(parts), DETAILS_LIMIT - len(place)) + place
@@ -77,7 +76,6 @@ def _case(result: RunResult, suite: str, repeats: int, tasks_file: str) -> TestC
     case = TestCase(
         name=xml_safe(case_name(result.task, result.repeat, repeats)),
         classname=xml_safe(classname(suite, result.model)),
-        elapsed_sec=round(result.duration_s, 3),
         stdout=xml_safe(_bounded(out, SYSTEM_OUT_LIMIT)),
     )
     if result.status != "passed":
@@ -131,13 +129,6 @@ def recount(root: ET.Element) -> None:
     root.set("time", f"{elapsed:.3f}")
 
 
-def flaky_runs(results: Iterable[RunResult], min_pass_rate: float) -> set[str]:
-    """Run ids that did not pass although their task passed on that model: tolerated repeats."""
-    results = list(results)
-    met = {(v.task, v.model) for v in task_verdicts(results, min_pass_rate) if v.status == "passed"}
-    return {r.run_id for r in results if r.status != "passed" and (r.task, r.model) in met}
-
-
 def serialize(root: ET.Element) -> str:
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
@@ -168,7 +159,7 @@ def junit_xml(
         # junit-xml always writes `disabled`, which the common JUnit XSD rejects.
         element.attrib.pop("disabled", None)
         for run, case in zip(runs, element.findall("testcase"), strict=True):
-            case.set("time", f"{run.duration_s:.3f}")  # junit-xml leaves out a time of 0
+            case.set("time", f"{run.duration_s:.3f}")  # here: junit-xml leaves out a time of 0
             set_flaky(case, run.run_id in flaky)
         root.append(element)
     recount(root)

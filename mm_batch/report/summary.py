@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import string
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,13 @@ def task_verdicts(results: Sequence[RunResult], min_pass_rate: float) -> list[Ta
         )
         for (task, model), rs in groups.items()
     ]
+
+
+def flaky_runs(results: Iterable[RunResult], min_pass_rate: float) -> set[str]:
+    """Run ids that did not pass although their task passed on that model: tolerated repeats."""
+    results = list(results)
+    met = {(v.task, v.model) for v in task_verdicts(results, min_pass_rate) if v.status == "passed"}
+    return {r.run_id for r in results if r.status != "passed" and (r.task, r.model) in met}
 
 
 def model_lines(results: Sequence[RunResult]) -> list[ModelLine]:
@@ -224,28 +231,17 @@ def summary_markdown(
             f"| {markdown_text(m.model)} | {m.passed}/{m.runs} | {m.failed} | {m.errors} "
             f"| {m.mean_s:.1f} |"
         )
-    tolerated = _tolerated(results, min_pass_rate)
+    tolerated = set() if min_pass_rate is None else flaky_runs(results, min_pass_rate)
     not_passed = [r for r in results if r.status != "passed"]
     if not_passed:
         lines += ["", "| Run | Status | Why |", "|-----|--------|-----|"]
         for r in not_passed[:SUMMARY_RUNS_LIMIT]:
-            status = f"{r.status} (tolerated)" if (r.task, r.model) in tolerated else r.status
+            status = f"{r.status} (tolerated)" if r.run_id in tolerated else r.status
             lines.append(f"| {markdown_text(r.run_id)} | {status} | {markdown_text(r.reason)} |")
         if len(not_passed) > SUMMARY_RUNS_LIMIT:
             more = len(not_passed) - SUMMARY_RUNS_LIMIT
             lines += ["", f"{more} more runs did not pass: junit.xml and summary.json list them."]
     return "\n".join(lines) + "\n"
-
-
-def _tolerated(results: Sequence[RunResult], min_pass_rate: float | None) -> set[tuple[str, str]]:
-    """The (task, model) pairs that passed by their pass rate although some run did not."""
-    if min_pass_rate is None:
-        return set()
-    return {
-        (v.task, v.model)
-        for v in task_verdicts(results, min_pass_rate)
-        if v.status == "passed" and v.passed < v.runs
-    }
 
 
 def terminal_table(results: Sequence[RunResult]) -> str:

@@ -207,6 +207,7 @@ class RunResult:
     calls: tuple[str, ...]
     line: int = 0  # the task's line in the tasks file
     index: int = 0  # the run's position in the whole plan
+    failed_calls: tuple[str, ...] = ()  # the lines of `calls` that exited non-zero with stderr
 
 
 class Recorder(Protocol):

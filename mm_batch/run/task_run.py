@@ -79,6 +79,7 @@ def finish(
         )
     )
     tools = recorder.tools()
+    lines = [_call_line(r, masker) for r in tools]
     return RunResult(
         run_id=masker.text(spec.run_id),
         task=masker.text(spec.task.id),
@@ -89,13 +90,19 @@ def finish(
         checks=tuple(c.masked(masker) for c in final.checks),
         duration_s=final.duration_s,
         answer=None if final.answer is None else masker.text(final.answer),
-        calls=tuple(_call_line(r, masker) for r in tools),
+        calls=tuple(lines),
+        failed_calls=tuple(line for r, line in zip(tools, lines, strict=True) if _shows_stderr(r)),
         line=spec.task.line,
         index=spec.index,
     )
 
 
 STDERR_TAIL = 2048  # characters of a failing call's stderr shown in the reports
+
+
+def _shows_stderr(record: ToolRecord) -> bool:
+    """A call that exited non-zero with something on stderr: the reports show its tail."""
+    return record.exit_code not in (None, 0) and bool(record.stderr)
 
 
 def _call_line(record: ToolRecord, masker: Masker) -> str:
@@ -106,8 +113,8 @@ def _call_line(record: ToolRecord, masker: Masker) -> str:
     if record.reason:
         line += f"\n    {record.reason}"
     line = masker.text(line)
-    if record.exit_code not in (None, 0) and record.stderr:
-        stderr = masker.text(record.stderr, cut=record.truncated).rstrip("\n")
+    if _shows_stderr(record):
+        stderr = masker.text(record.stderr or "", cut=record.truncated).rstrip("\n")
         label = "stderr" if len(stderr) <= STDERR_TAIL else f"stderr, last {STDERR_TAIL} characters"
         tail = stderr[-STDERR_TAIL:]
         line += f"\n    {label}:" + "".join(f"\n      {part}" for part in tail.split("\n"))
