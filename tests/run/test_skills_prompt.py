@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mm_batch.config.load import load_agent_file
+from mm_batch.plan import Overrides
+from mm_batch.run.ports import ModelReply
 from mm_batch.run.toolbox import Toolbox, skill_answer
 from tests.conftest import write
 from tests.run.scripted import answer, calls, run_tasks
@@ -23,6 +25,9 @@ agent: agent.yaml
 tasks:
   - {id: t, prompt: Release 1.4.2 to beta., max_turns: 4}
 """
+
+
+RESCUE = Overrides(models=("scripted/model",), model_options={"recover_text_tool_calls": True})
 
 
 def skill_agent(tmp_path: Path, builtins: str = "[bash, read_skill]") -> Path:
@@ -152,3 +157,28 @@ def test_the_skill_answer_ends_with_what_to_do_for_this_request() -> None:
         "command, the request's values in place of the words in capitals."
     )
     assert "bash" not in skill_answer("Page the SRE.", bash=False).split("\n\n")[1]
+
+
+def test_a_skill_written_as_a_text_call_runs_nothing_and_is_answered_with_read_skill(
+    tmp_path: Path,
+) -> None:
+    """Taking a skill's name as a text call must never make it a command: the script a skill
+    names, which would leave a marker, does not run; the model is told to read the skill."""
+    tasks = skill_agent(tmp_path)
+    marker = tmp_path / "RAN"
+    script = write(tmp_path, "release.sh", f"#!/bin/sh\ntouch {marker}\n")
+    script.chmod(0o755)
+    text_call = '{"name": "release", "arguments": {"version": "1.4.2", "channel": "beta"}}'
+    steps = [ModelReply(text_call, (), "stop", 1, 1, 0), answer("done")]
+    out = run_tasks(tasks, steps, overrides=RESCUE)
+    (record,) = out.records.of("tool")
+    assert record["tool"] == "release" and record["recovered_from_text"] is True
+    assert record["outcome"] == "invalid" and record["started"] is False
+    assert not marker.exists()
+    reply = out.client.requests[1][-1]
+    assert reply["role"] == "user" and "'release' is a skill, not a tool" in reply["content"]
+    assert read_skill_calls(reply["content"]) == [
+        {"name": "read_skill", "arguments": {"name": "release"}}
+    ]
+    # Nothing ran: no closing line invites the model to stop there.
+    assert reply["content"].endswith("It tells you which command to run with bash.")
