@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -13,8 +11,15 @@ from typing import Any
 
 import click
 
+from mm_batch.commands.results import (
+    ResultsError,
+    read_json,
+    read_summary,
+    read_text,
+    refusing,
+)
 from mm_batch.errors import ExitCode
-from mm_batch.plan import PlanError, classname
+from mm_batch.plan import classname
 from mm_batch.report.files import (
     CALLS,
     JUNIT,
@@ -37,81 +42,8 @@ from mm_batch.report.terminal import short_summary
 from mm_batch.run.records import RunResult
 
 
-class MergeError(PlanError):
-    """A folder that cannot be merged: missing, damaged or overlapping results."""
-
-    consequence = "nothing merged"
-
-
-_RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
-
-
-def _is_run(run: object) -> bool:
-    return (
-        isinstance(run, dict)
-        and run.keys() >= _RUN_KEYS
-        and all(type(run[k]) is int for k in ("repeat", "line", "index"))
-        and run["repeat"] >= 1
-        and run["line"] >= 1
-        and run["index"] >= 0
-        and all(isinstance(run[k], str) for k in ("run", "task", "model", "reason"))
-        and run["status"] in ("passed", "failed", "error")
-        and _is_number(run["duration_s"])
-        and run["duration_s"] >= 0
-    )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_summary(data: object) -> bool:
-    if not isinstance(data, dict):
-        return False
-    plan, rate = data.get("plan", {}), data.get("min_pass_rate", 1.0)
-    whole_runs = plan.get("whole_runs", 0) if isinstance(plan, dict) else None
-    return (
-        isinstance(data.get("runs"), list)
-        and all(_is_run(r) for r in data["runs"])
-        and isinstance(plan, dict)
-        and type(whole_runs) is int
-        and whole_runs >= 0
-        and isinstance(plan.get("shard", ""), str | None)
-        and isinstance(data.get("provenance", {}), dict)
-        and isinstance(data.get("suite", ""), str)
-        and _is_number(rate)
-        and 0 <= rate <= 1
-    )
-
-
-def _read_text(path: Path) -> str:
-    """A results file's text; a link (it could point anywhere) or a damaged file is refused."""
-    if path.is_symlink():
-        raise MergeError(f"{path}: a symbolic link, not a results file: refused")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise MergeError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise MergeError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-
-
-def _json(text: str, where: str, what: str = "valid JSON") -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # a nesting deep enough exhausts the stack
-        raise MergeError(f"{where}: not {what} ({one_line(str(exc), 120)})") from None
-
-
-def _read_summary(directory: Path) -> dict[str, Any]:
-    for name in (CALLS, JUNIT, SUMMARY_JSON):
-        if not (directory / name).is_file():
-            raise MergeError(f"{directory}: no {name} here: not an mm-batch results folder")
-    path = directory / SUMMARY_JSON
-    data = _json(_read_text(path), str(path))
-    if not _is_summary(data):
-        raise MergeError(f"{path}: not an mm-batch summary")
-    return dict(data)
+class MergeError(ResultsError):
+    """Folders that cannot be merged: overlapping, incomplete or from different plans."""
 
 
 def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunResult]]:
@@ -227,10 +159,10 @@ def _merge_calls(directories: Sequence[Path]) -> str:
     lines: list[str] = []
     for directory in directories:
         path = directory / CALLS
-        for number, line in enumerate(_read_text(path).splitlines(), 1):
+        for number, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
-            record = _json(line, f"{path}:{number}", "a JSON record")
+            record = read_json(line, f"{path}:{number}", "a JSON record")
             if not isinstance(record, dict):
                 raise MergeError(f"{path}:{number}: not a JSON object")
             lines.append(line + "\n")
@@ -346,7 +278,7 @@ def _merge_junit(
 
 def _parse(path: Path) -> ET.Element:
     try:
-        return ET.fromstring(_read_text(path))
+        return ET.fromstring(read_text(path))
     except ET.ParseError as exc:
         raise MergeError(f"{path}: not valid XML ({exc})") from None
 
@@ -361,7 +293,12 @@ def _widen(merged: ET.Element, suite: ET.Element) -> None:
 
 
 def merge(directories: Sequence[Path], out_dir: Path) -> int:
-    summaries = [(d, _read_summary(d)) for d in directories]
+    with refusing("nothing merged"):
+        return _merge(directories, out_dir)
+
+
+def _merge(directories: Sequence[Path], out_dir: Path) -> int:
+    summaries = [(d, read_summary(d)) for d in directories]
     rates = {float(data.get("min_pass_rate", 1.0)) for _, data in summaries}
     suites = {str(data.get("suite", "")) for _, data in summaries}
     if len(rates) > 1 or len(suites) > 1:

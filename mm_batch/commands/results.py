@@ -1,0 +1,107 @@
+"""Results folders read back (by `merge` and `compare`) as hostile input.
+
+A results folder may come from another machine, an artifact store or a cache: every file is
+checked before anything of it is believed, and whatever is wrong is a usage error naming the
+file, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mm_batch.errors import UsageError
+from mm_batch.report.files import CALLS, JUNIT, SUMMARY_JSON
+from mm_batch.report.summary import one_line
+
+
+class ResultsError(UsageError):
+    """A folder that cannot be read as results: missing, damaged or inconsistent files."""
+
+    consequence = "nothing written"
+
+
+@contextlib.contextmanager
+def refusing(consequence: str) -> Iterator[None]:
+    """Unusable results met inside say what the command did not do (`nothing merged`)."""
+    try:
+        yield
+    except ResultsError as exc:
+        exc.consequence = consequence
+        raise
+
+
+_RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_run(run: object) -> bool:
+    return (
+        isinstance(run, dict)
+        and run.keys() >= _RUN_KEYS
+        and all(type(run[k]) is int for k in ("repeat", "line", "index"))
+        and run["repeat"] >= 1
+        and run["line"] >= 1
+        and run["index"] >= 0
+        and all(isinstance(run[k], str) for k in ("run", "task", "model", "reason"))
+        and run["status"] in ("passed", "failed", "error")
+        and is_number(run["duration_s"])
+        and run["duration_s"] >= 0
+    )
+
+
+def _is_summary(data: object) -> bool:
+    if not isinstance(data, dict):
+        return False
+    plan, rate = data.get("plan", {}), data.get("min_pass_rate", 1.0)
+    whole_runs = plan.get("whole_runs", 0) if isinstance(plan, dict) else None
+    return (
+        isinstance(data.get("runs"), list)
+        and all(_is_run(r) for r in data["runs"])
+        and isinstance(plan, dict)
+        and type(whole_runs) is int
+        and whole_runs >= 0
+        and isinstance(plan.get("shard", ""), str | None)
+        and isinstance(data.get("provenance", {}), dict)
+        and isinstance(data.get("suite", ""), str)
+        and is_number(rate)
+        and 0 <= rate <= 1
+    )
+
+
+def read_text(path: Path) -> str:
+    """A results file's text; a link (it could point anywhere) or a damaged file is refused."""
+    if path.is_symlink():
+        raise ResultsError(f"{path}: a symbolic link, not a results file: refused")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def read_json(text: str, where: str, what: str = "valid JSON") -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # a nesting deep enough exhausts the stack
+        raise ResultsError(f"{where}: not {what} ({one_line(str(exc), 120)})") from None
+
+
+def read_summary(directory: Path) -> dict[str, Any]:
+    """A results folder's summary.json, checked field by field (runs, plan, provenance)."""
+    for name in (CALLS, JUNIT, SUMMARY_JSON):
+        if not (directory / name).is_file():
+            raise ResultsError(f"{directory}: no {name} here: not an mm-batch results folder")
+    path = directory / SUMMARY_JSON
+    data = read_json(read_text(path), str(path))
+    if not _is_summary(data):
+        raise ResultsError(f"{path}: not an mm-batch summary")
+    return dict(data)
