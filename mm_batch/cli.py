@@ -5,12 +5,14 @@ Heavy imports (litellm, the run stage) happen inside the commands, so `--help` s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -120,6 +122,10 @@ Exit codes:
 )
 def run(tasks_file: Path, out_dir: Path, **options: Any) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
+    from mm_batch.effects.litellm import start_litellm_import
+
+    # Before anything else: its seconds of import overlap loading, planning and starting up.
+    start_litellm_import()
     from mm_batch.commands import run as command
 
     sys.exit(command.run(tasks_file, _overrides(**options), out_dir))
@@ -175,6 +181,34 @@ def merge(folders: tuple[Path, ...], out_dir: Path) -> None:
 
 
 @cli.command()
+@click.argument("base", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("head", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--alpha",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="A drop is a regression when its one-sided Fisher exact p-value is at most this.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("mm-batch-compare"),
+    show_default=True,
+    help="Where compare.md and compare.json go.",
+)
+def compare(base: Path, head: Path, alpha: float, out_dir: Path) -> None:
+    """Compare two results folders task by task: is HEAD's drop in passes a regression?
+
+    Exit codes: 0 no significant regression, 1 at least one, 2 unusable input.
+    """
+    from mm_batch.commands.compare import compare_folders
+
+    sys.exit(compare_folders(base, head, out_dir, alpha))
+
+
+@cli.command()
 def models() -> None:
     """List the local models: installed or not, size, where they are cached."""
     from mm_batch.commands import models as command
@@ -186,8 +220,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: each known error becomes a clear message and an exit code, no traceback.
 
     Anything else is a bug of mm-batch: its traceback is shown and the exit code is 4, never 1,
-    which CI reads as "a task failed".
+    which CI reads as "a task failed". Called without `argv` (the `mm-batch` program, `python -m
+    mm_batch`), it owns the process and ends it itself: see `leave`.
     """
+    code = _command(argv)
+    if argv is None:
+        leave(code)
+    return code
+
+
+def leave(code: int) -> NoReturn:
+    """End the process at once with `code`, skipping the interpreter's teardown.
+
+    With litellm loaded, the teardown takes most of a second (its modules freed one by one, its
+    exit handlers flushing loggers and async clients mm-batch does not use) and changes nothing
+    mm-batch wrote: when a command returns, its reports are written and closed, its effects shut
+    down. What is left is done here: the watchdog's goodbye (so that it exits without cleaning
+    up after a death) and the flush of stdout and stderr.
+    """
+    from mm_batch.effects.watchdog import current_watchdog
+
+    watchdog = current_watchdog()
+    if watchdog is not None:
+        watchdog.close()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more can reach it anyway
+            stream.flush()
+    os._exit(code)
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    """Run the command; every way out becomes an exit code."""
     from mm_batch.config.problems import ConfigError
 
     try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import functools
+import gc
 import importlib.metadata
 import json
 import os
@@ -17,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.errors import UsageError
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
 
@@ -30,7 +33,6 @@ _TRANSIENT_STATUS = {408, 409, 429}
 # a broken or hostile answer is not retried, it is named.
 _MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
 _DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
-_import_lock = threading.Lock()
 
 
 class _SharedBackoff:
@@ -59,18 +61,102 @@ def litellm_version() -> str:
         return "unknown"
 
 
-def load_litellm() -> Any:
-    """Import litellm offline: no cost-map fetch, no .env loading, no banners."""
-    with _import_lock:
-        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        os.environ.setdefault("LITELLM_MODE", "PRODUCTION")
-        os.environ.setdefault("LITELLM_TELEMETRY", "False")
+class LiteLLMImportError(UsageError):
+    """litellm cannot be imported: the installation is broken, and no model can be asked."""
+
+
+# What litellm 1.110's first completion imports (a tiktoken encoding, the proxy's types, the
+# HTTP/1.1 stack): imported with litellm instead, off the first request's path. A name a later
+# litellm moved is skipped: only the head start is lost.
+_FIRST_CALL_MODULES = (
+    "litellm.litellm_core_utils.default_encoding",
+    "litellm.proxy.openai_files_endpoints.common_utils",
+    "httpcore",
+    "h11",
+)
+
+
+class BackgroundImport:
+    """litellm's one import in this process, on a thread of its own: started as early as a
+    command knows it will need litellm, waited for by whatever needs it, failed for all alike."""
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load_module = load
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._module: Any = None
+        self._failure: BaseException | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                # A daemon: a configuration error exits at once, not once litellm is imported.
+                self._thread = threading.Thread(
+                    target=self._load, daemon=True, name="mm-batch-import-litellm"
+                )
+                self._thread.start()
+
+    def result(self) -> Any:
+        self.start()
+        self._done.wait()
+        if self._failure is not None:
+            failure = self._failure
+            raise LiteLLMImportError(
+                f"litellm cannot be imported ({type(failure).__name__}: {failure}); "
+                "reinstall mm-batch with its dependencies"
+            ) from failure
+        return self._module
+
+    def _load(self) -> None:
+        try:
+            self._module = self._load_module()
+        except BaseException as exc:  # handed to every caller of `result`
+            self._failure = exc
+        finally:
+            self._done.set()
+
+
+def _import_offline() -> Any:
+    """Import litellm offline: no cost-map fetch, no .env loading, no banners.
+
+    The collector is paused meanwhile: the import allocates about 600,000 objects, and the
+    collections they trigger are a quarter of its time; what it leaves is litellm's modules,
+    frozen, so that no later collection walks them again (during the runs either)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_MODE", "PRODUCTION")
+    os.environ.setdefault("LITELLM_TELEMETRY", "False")
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
         import litellm
 
         litellm.suppress_debug_info = True
         litellm.telemetry = False
         _tolerate_unreadable_arguments()
-        return litellm
+        for name in _FIRST_CALL_MODULES:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    finally:
+        if collecting:
+            gc.enable()
+    gc.freeze()
+    return litellm
+
+
+_IMPORT = BackgroundImport(_import_offline)
+
+
+def start_litellm_import() -> None:
+    """Begin importing litellm in the background (once a process): its seconds overlap the
+    command's own start-up. `load_litellm` waits for this same import."""
+    _IMPORT.start()
+
+
+def load_litellm() -> Any:
+    """litellm, imported and set up (waiting for the import in flight, or starting it); raises
+    `LiteLLMImportError`, for every caller, when it cannot be imported."""
+    return _IMPORT.result()
 
 
 _READER = "litellm.litellm_core_utils.llm_response_utils.convert_dict_to_response"
