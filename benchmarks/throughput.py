@@ -15,13 +15,19 @@ the batch adds around the model. Much shorter latencies measure litellm instead:
 costs it a few ms of CPU under one interpreter lock, and at 50 ms with 16 jobs that alone
 keeps the floor near 1.4, with or without mm-batch around it.
 
-Run: python benchmarks/throughput.py [--latency 0.2] [--runs 500]
+First, issue 13's figure: 160 runs at jobs 16 against 50 ms a turn, as the span of the records'
+`ts` (first record to last) over the ideal (runs x latency / jobs), beside the bare-litellm floor
+measured the same way (first answer to last) in the same invocation; goal <= 1.25. `--span`
+prints only that figure.
+
+Run: python benchmarks/throughput.py [--latency 0.2] [--runs 500] [--span]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -30,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 from mm_batch.cli import main as mm_batch
@@ -62,6 +69,24 @@ def fake_model(latency: float) -> tuple[subprocess.Popen[str], str]:
 
 def batch(runs: int, jobs: int, latency: float) -> float:
     """Wall seconds of one `mm-batch run` (in this process); its terminal output goes nowhere."""
+    return batch_run(runs, jobs, latency, lambda _out: None)
+
+
+def records_span(runs: int, jobs: int, latency: float) -> float:
+    """Seconds from the first record of one `mm-batch run` to its last, by their `ts`."""
+    spans: list[float] = []
+
+    def read(out: Path) -> None:
+        lines = (out / "calls.jsonl").read_text().splitlines()
+        stamps = [datetime.fromisoformat(json.loads(line)["ts"]) for line in lines]
+        spans.append((max(stamps) - min(stamps)).total_seconds())
+
+    batch_run(runs, jobs, latency, read)
+    return spans[0]
+
+
+def batch_run(runs: int, jobs: int, latency: float, inspect: Callable[[Path], None]) -> float:
+    """Wall seconds of one `mm-batch run` (in this process), its results folder inspected."""
     server, url = fake_model(latency)
     try:
         with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
@@ -73,6 +98,7 @@ def batch(runs: int, jobs: int, latency: float) -> float:
                 code = mm_batch(args)
             elapsed = time.perf_counter() - started
             assert code == 0, code
+            inspect(Path(tmp) / "out")
             return elapsed
     finally:
         server.communicate("")
@@ -96,6 +122,36 @@ def bare_litellm(runs: int, jobs: int, latency: float) -> float:
             return time.perf_counter() - started
     finally:
         server.communicate("")
+
+
+def bare_span(runs: int, jobs: int, latency: float) -> float:
+    """The floor, measured as `records_span` is: from the first answer to the last."""
+    server, url = fake_model(latency)
+    answered: list[float] = []
+
+    def call(_: int) -> None:
+        bare_call(url)
+        answered.append(time.monotonic())
+
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(call, range(runs)))
+        return max(answered) - min(answered)
+    finally:
+        server.communicate("")
+
+
+def issue_figure(times: int = 5) -> None:
+    """Issue 13: 160 runs, jobs 16, 50 ms a turn: records' span / ideal, beside the floor."""
+    runs, jobs, latency = 160, 16, 0.05
+    ours = ratios(records_span, runs, jobs, latency, times)
+    floor = ratios(bare_span, runs, jobs, latency, times)
+    goal = "ok" if statistics.median(ours) <= 1.25 else "MISSED"
+    print(
+        f"{runs} runs, jobs {jobs}, {latency * 1000:.0f} ms a turn, span / ideal (median of "
+        f"{times}): mm-batch {shown(ours)}, bare litellm {shown(floor)}   goal <= 1.25 {goal}",
+        flush=True,
+    )
 
 
 def litellm_cpu_ms(calls: int = 200) -> float:
@@ -127,7 +183,7 @@ def peak_rss_mb(runs: int, latency: float) -> float:
 def ratios(
     measure: Callable[[int, int, float], float], runs: int, jobs: int, latency: float, times: int
 ) -> list[float]:
-    """Wall time over the ideal (model time / jobs), measured `times` times, sorted."""
+    """Seconds `measure` gives over the ideal (model time / jobs), `times` times, sorted."""
     ideal = runs * latency / jobs
     return sorted(measure(runs, jobs, latency) / ideal for _ in range(times))
 
@@ -142,12 +198,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per model call")
     parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--span", action="store_true", help="only issue 13's figure")
     options = parser.parse_args()
     runs, latency = options.runs, options.latency
     started = time.perf_counter()
     load_litellm()
     print(f"litellm import: {time.perf_counter() - started:.1f} s (start-up, not counted below)")
     print(f"litellm's own CPU per call: {litellm_cpu_ms():.2f} ms", flush=True)
+    issue_figure()
+    if options.span:
+        return 0
     print(f"{runs} runs, {latency * 1000:.0f} ms per model call; ratio: wall / (model time / jobs)")
     for jobs, times in ((1, 1), (4, 1), (16, 5)):
         values = ratios(batch, runs, jobs, latency, times)
