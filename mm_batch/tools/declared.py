@@ -298,13 +298,13 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
     data, problem = parse_arguments(raw_arguments)
     problems: list[str] = []
     coerced: dict[str, Value] = {}
+    unknown: list[str] = []
     if data is None:
         problems.append(problem or "the arguments are not a JSON object")
     else:
         known = {p.name for p in tool.params}
-        problems.extend(
-            f"unknown parameter {_shown(name)[1:-1]!r}" for name in data if name not in known
-        )
+        unknown = [name for name in data if name not in known]
+        problems.extend(f"unknown parameter {_shown(name)[1:-1]!r}" for name in unknown)
         for param in tool.params:
             raw = data.get(param.name)
             if raw is None:
@@ -326,19 +326,39 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
         if len(problems) > MAX_PROBLEMS:
             more = len(problems) - MAX_PROBLEMS
             problems = [*problems[:MAX_PROBLEMS], f"... and {more} more problems"]
+        lines = [parameter_line(p) for p in tool.params]
+        retry = _retry_call(tool, data, unknown) if len(unknown) == len(problems) else None
         return InvalidCall(
-            tuple(problems),
-            invalid_answer(
-                tool.name, problems, raw_arguments, [parameter_line(p) for p in tool.params]
-            ),
+            tuple(problems), invalid_answer(tool.name, problems, raw_arguments, lines, retry)
         )
     return ValidCall(coerced, render_argv(tool, coerced))
 
 
+def _retry_call(tool: ToolSpec, data: dict[str, Any] | None, unknown: list[str]) -> str | None:
+    """The model's own call without its unknown parameters, written out, when that call is
+    valid: told only "unknown parameter", the 0.5B sends the same call again; it copies a call
+    it is shown. Every value in it is one the model sent."""
+    if data is None:
+        return None
+    kept = {name: value for name, value in data.items() if name not in unknown}
+    try:
+        arguments = json.dumps(kept, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(validate_call(tool, arguments), ValidCall):
+        return None
+    return json.dumps({"name": tool.name, "arguments": kept}, ensure_ascii=False)
+
+
 def invalid_answer(
-    tool_name: str, problems: list[str], raw_arguments: str | None, parameter_lines: list[str]
+    tool_name: str,
+    problems: list[str],
+    raw_arguments: str | None,
+    parameter_lines: list[str],
+    retry: str | None = None,
 ) -> str:
-    """What an invalid call is answered with: what was wrong, the call quoted, each parameter."""
+    """What an invalid call is answered with: what was wrong, the call quoted, each parameter,
+    and the call to make instead when dropping the unknown parameters makes it valid."""
     lines = [f"Invalid call of {tool_name}; it did not run."]
     lines.extend(f"- {p}" for p in problems)
     if raw_arguments is None:
@@ -354,6 +374,8 @@ def invalid_answer(
         lines.extend(parameter_lines)
     else:
         lines.append(f"{tool_name} takes no parameters.")
+    if retry is not None:
+        lines.append(f"Call {tool_name} again without the unknown parameters: {retry}")
     lines.append(f"Call {tool_name} again. {CLOSING_SENTENCE}")
     return "\n".join(lines)
 

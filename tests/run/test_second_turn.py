@@ -163,3 +163,32 @@ def test_a_rescued_repeat_is_answered_as_a_user_message(tmp_path: Path) -> None:
     assert history[-1]["content"].startswith("This exact note call already ran just now")
     assert history[-1]["content"].endswith(ANSWER_NOW)
     assert out.result.status == "passed", out.result.reason
+
+
+def test_a_call_with_an_unknown_parameter_is_answered_with_the_call_without_it(
+    tmp_path: Path,
+) -> None:
+    extra = ModelReply(
+        '{"name": "note", "arguments": {"text": "hello", "description": "x"}}', (), "stop", 1, 1, 0
+    )
+    steps = [extra, written("hello"), answer("Noted.")]
+    out = run_tasks(tasks_file(tmp_path), steps, overrides=RESCUE)
+    assert out.result.status == "passed", out.result.reason
+    answered = out.client.requests[1][-1]["content"]
+    assert (
+        'Call note again without the unknown parameters: {"name": "note", "arguments": '
+        '{"text": "hello"}}'
+    ) in answered
+    # The invalid call did not run: mm-batch offers the call, it never runs one in its place.
+    first = out.records.of("tool")[0]
+    assert first["outcome"] == "invalid" and first["started"] is False
+    assert notes(tmp_path) == ["hello"]
+
+
+def test_the_offered_call_runs_only_when_the_model_makes_it(tmp_path: Path) -> None:
+    extra = ModelReply(
+        '{"name": "note", "arguments": {"text": "hello", "force": true}}', (), "stop", 1, 1, 0
+    )
+    out = run_tasks(tasks_file(tmp_path), [extra, answer("Done.")], overrides=RESCUE)
+    assert out.result.status == "failed"
+    assert not (tmp_path / "notes.txt").exists()  # note.sh never ran: nothing was run for it
