@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,13 +15,20 @@ import click
 from mm_batch.config.local_catalog import local_model
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
-from mm_batch.effects.litellm import LiteLLMClient, load_litellm
-from mm_batch.effects.llama import LlamaServer, ServerError
+from mm_batch.effects.litellm import DEADLINE_REASON, LiteLLMClient, load_litellm
+from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerError
 from mm_batch.effects.mcp import McpHttpClient
 from mm_batch.effects.watchdog import start_watchdog
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.batch import Effects
-from mm_batch.run.ports import Executor, ModelClient, ModelError, ModelReply, SandboxError
+from mm_batch.run.ports import (
+    Executor,
+    ModelClient,
+    ModelDeadlineError,
+    ModelError,
+    ModelReply,
+    SandboxError,
+)
 
 
 class _DockerSandboxes:
@@ -46,6 +55,11 @@ class _DockerSandboxes:
                     raise
                 remove_orphans(self._client)
             return self._client
+
+    def prepare(self) -> None:
+        """Connect now (on a thread, while litellm imports); a failure waits for `open`."""
+        with contextlib.suppress(SandboxError):
+            self._connect()
 
     def open(self, spec: RunSpec) -> Executor:
         from mm_batch.effects.docker import DockerSandbox
@@ -96,11 +110,13 @@ class _Tracked:
 
 
 class _LocalServers:
-    """One llama-server per local model of the plan, started before the runs, stopped after."""
+    """One llama-server per local model of the plan, started before the runs, stopped after;
+    they take turns on the CPU."""
 
     def __init__(self, plan: Plan) -> None:
         self.servers: dict[str, LlamaServer] = {}
         self.failures: dict[str, str] = {}
+        self.turns = CpuTurns()
         for name, slots in _local_slots(plan).items():
             model = local_model(name)
             assert model is not None  # the plan refused unknown local models
@@ -109,13 +125,16 @@ class _LocalServers:
             self.servers[name] = LlamaServer(model, slots, binary, gguf)
 
     def start_all(self) -> None:
+        """Launch every server, then wait for each: they load their models side by side."""
+        started = time.monotonic()
         for name, server in self.servers.items():
             click.echo(
                 f"mm-batch: starting llama-server for {name} ({server.slots} slot(s))", err=True
             )
-            started = time.monotonic()
+            server.launch()
+        for name, server in self.servers.items():
             try:
-                server.start()
+                server.wait_ready()
             except ServerError as exc:
                 self.failures[name] = str(exc)
                 click.echo(f"mm-batch: {exc}", err=True)
@@ -126,11 +145,11 @@ class _LocalServers:
         if spec.model in self.failures:
             raise ModelError(self.failures[spec.model])
         server = self.servers[spec.model]
-        options = {**spec.model_options, "api_base": server.url}
+        options = {"max_tokens": MAX_TOKENS, **spec.model_options, "api_base": server.url}
         client = LiteLLMClient(
             f"hosted_vllm/{server.model.name}", options, timeout=spec.settings.timeout
         )
-        return _LocalClient(client, server)
+        return _LocalClient(client, server, self.turns)
 
     def stop_all(self) -> None:
         for server in self.servers.values():
@@ -138,25 +157,38 @@ class _LocalServers:
 
 
 class _LocalClient:
-    """A litellm client of a local server: when the server died, say so instead of retrying."""
+    """A litellm client of a local server, asked in its server's turn on the CPU: when the
+    server died, say so instead of retrying."""
 
-    def __init__(self, client: LiteLLMClient, server: LlamaServer) -> None:
+    def __init__(self, client: LiteLLMClient, server: LlamaServer, turns: CpuTurns) -> None:
         self._client = client
         self._server = server
+        self._turns = turns
 
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
     ) -> ModelReply:
+        """The wait for the turn counts against `timeout` (the task's deadline), and into the
+        reply's latency: it is time the run waited for the model."""
         died = self._server.died()
         if died is not None:
             raise ModelError(died)
+        asked = time.monotonic()
+        deadline = asked + timeout
+        name = self._server.model.name
+        if not self._turns.acquire(name, deadline):
+            raise ModelDeadlineError(DEADLINE_REASON)
         try:
-            return self._client.complete(messages, tools, timeout)
+            waited = time.monotonic() - asked
+            reply = self._client.complete(messages, tools, deadline - time.monotonic())
         except ModelError as exc:
             died = self._server.died()
             if died is None:
                 raise
             raise ModelError(died) from exc
+        finally:
+            self._turns.release(name)
+        return dataclasses.replace(reply, latency_s=reply.latency_s + waited)
 
 
 def _local_slots(plan: Plan) -> dict[str, int]:
@@ -199,10 +231,13 @@ def default_effects(plan: Plan, out_dir: Path) -> Effects:
         sandboxes.close_all()
         local.stop_all()
 
-    # Import litellm (seconds of CPU) while the local servers load their models (seconds of
-    # waiting), both before the first run, so that no run's time includes them.
-    with ThreadPoolExecutor(1, thread_name_prefix="mm-batch-import") as pool:
+    # Import litellm (seconds of CPU) and connect to the Docker engine while the local servers
+    # load their models (seconds of waiting), all before the first run, so that no run's time
+    # includes them.
+    with ThreadPoolExecutor(2, thread_name_prefix="mm-batch-start") as pool:
         imported = pool.submit(load_litellm)
+        if any(run.sandbox.kind == "docker" for run in plan.runs):
+            pool.submit(sandboxes.prepare)
         local.start_all()
         imported.result()
     return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

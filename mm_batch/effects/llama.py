@@ -6,9 +6,11 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 from mm_batch.config.local_catalog import LocalModel
@@ -17,10 +19,21 @@ from mm_batch.effects.host import start_service, stop_service
 
 HEALTH_DEADLINE_S = 180.0
 CONTEXT_PER_SLOT = 4096
+# A turn of a small model longer than this is a loop, not an answer: the task's tool calls and
+# answers measured on the examples take under 60 tokens. The agent's or CLI's `max_tokens` wins.
+MAX_TOKENS = 512
 
 
 class ServerError(Exception):
     """The model server could not start, or died."""
+
+
+def cores() -> int:
+    """The CPUs this process may run on (a container's limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _free_port() -> int:
@@ -56,9 +69,13 @@ class LlamaServer:
             raise LocalModelError(f"{model.model} needs llama.cpp's server: {LOCAL_EXTRA_HINT}")
         return binary
 
-    def start(self, deadline_s: float = HEALTH_DEADLINE_S) -> None:
-        self.port = _free_port()
-        argv = [
+    def argv(self) -> list[str]:
+        """The server's command line. Local servers take turns on the CPU (`CpuTurns`), so each
+        may use every core; `--poll 0` puts its threads to sleep as soon as they have no work,
+        instead of spinning on cores that another server's turn needs. The prompt cache is on
+        by default: a request's slot is the one whose cached prompt shares the longest prefix
+        with it (the agent's system prompt and tools), and only the rest is computed."""
+        return [
             str(self.binary),
             "-m",
             str(self.gguf),
@@ -72,10 +89,21 @@ class LlamaServer:
             "--ctx-size",
             str(CONTEXT_PER_SLOT * self.slots),
             "--threads",
-            str(os.cpu_count() or 2),
+            str(cores()),
+            "--poll",
+            "0",
             "--offline",
         ]
-        self.proc = start_service(argv, self.log_path)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it: servers load their models side by side.
+        Called from the main thread: the server dies with it (see `start_service`)."""
+        self.port = _free_port()
+        self.proc = start_service(self.argv(), self.log_path)
+
+    def wait_ready(self, deadline_s: float = HEALTH_DEADLINE_S) -> None:
+        """Wait until the launched server answers its health check; raises ServerError."""
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -120,3 +148,87 @@ class LlamaServer:
         if self.proc is not None:
             stop_service(self.proc)
         self.log_path.unlink(missing_ok=True)
+
+
+class _Ticket:
+    """A request waiting for its server's turn; `admitted` once the turn is handed to it."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.admitted = False
+
+
+class CpuTurns:
+    """Local servers take turns on the CPU: two llama.cpp servers computing at once on the same
+    cores make each many times slower than both one after the other.
+
+    Requests to the server whose turn it is run together (llama.cpp batches its slots), unless
+    another server waits: then new requests queue too, and when the current ones are done the
+    turn goes to the server that has waited longest, with all of its waiting requests. So no
+    server waits for more than one turn of each other server.
+
+    A server's first request runs alone: the runs of one agent share the system prompt and
+    tools, and the requests after the first find that prefix in the server's prompt cache
+    instead of each computing it at once."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._owner: str | None = None
+        self._active = 0
+        self._queue: deque[str] = deque()  # servers waiting, first come first
+        self._waiting: dict[str, list[_Ticket]] = {}
+        self._warm: set[str] = set()  # servers that have answered a request
+
+    def acquire(self, server: str, deadline: float) -> bool:
+        """Wait for `server`'s turn until `deadline` (time.monotonic()); False when it passed."""
+        with self._cond:
+            if not self._queue and (
+                self._owner is None or (self._owner == server and server in self._warm)
+            ):
+                self._owner = server
+                self._active += 1
+                return True
+            ticket = _Ticket(server)
+            if server not in self._waiting:
+                self._queue.append(server)
+            self._waiting.setdefault(server, []).append(ticket)
+            while not ticket.admitted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._give_up(ticket)
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def release(self, server: str) -> None:
+        """The end of one request of `server`: the last one hands the turn on."""
+        with self._cond:
+            assert self._owner == server and self._active > 0, "release without acquire"
+            self._warm.add(server)
+            self._active -= 1
+            if self._active == 0:
+                self._hand_on()
+
+    def _give_up(self, ticket: _Ticket) -> None:
+        tickets = self._waiting[ticket.server]
+        tickets.remove(ticket)
+        if not tickets:
+            del self._waiting[ticket.server]
+            self._queue.remove(ticket.server)
+
+    def _hand_on(self) -> None:
+        if not self._queue:
+            self._owner = None
+            return
+        server = self._queue[0]
+        tickets = self._waiting[server]
+        admitted = tickets[:] if server in self._warm else tickets[:1]
+        del tickets[: len(admitted)]
+        if not tickets:  # else the server's next requests stay first in the queue
+            del self._waiting[server]
+            self._queue.popleft()
+        for ticket in admitted:
+            ticket.admitted = True
+        self._owner = server
+        self._active = len(admitted)
+        self._cond.notify_all()

@@ -1,0 +1,66 @@
+"""A stand-in for llama-server: its argv, /health, and chat completions that take a while.
+
+Run as `python standin_llama.py <llama-server argv...>`. It writes its argv (JSON) to
+$STANDIN_DIR/argv-<port>.json, answers every completion after $STANDIN_LATENCY_S seconds with
+a short text, and appends `<port> <start> <end> <max_tokens>` for each to $STANDIN_DIR/calls.log:
+the intervals in which it "computed".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+ARGV = sys.argv[1:]
+PORT = int(ARGV[ARGV.index("--port") + 1])
+DIR = Path(os.environ["STANDIN_DIR"])
+LATENCY_S = float(os.environ.get("STANDIN_LATENCY_S", "0"))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._send({"status": "ok"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        started = time.time()
+        time.sleep(LATENCY_S)
+        with (DIR / "calls.log").open("a") as log:
+            log.write(f"{PORT} {started} {time.time()} {body.get('max_tokens')}\n")
+        message = {"role": "assistant", "content": "done"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+        self._send(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    def _send(self, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: Any) -> None:
+        return
+
+
+(DIR / f"argv-{PORT}.json").write_text(json.dumps(ARGV))
+server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+server.daemon_threads = True
+server.serve_forever()

@@ -1,0 +1,221 @@
+"""Local servers on a shared CPU: their argv, turns between servers, the task's deadline while
+waiting, and the default `max_tokens`. Real stand-in server processes (standin_llama.py) play
+llama-server, reached through the real litellm path of `default_effects`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mm_batch.commands.effects import default_effects
+from mm_batch.config.load import load_tasks
+from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
+from mm_batch.plan import Overrides, RunSpec, make_plan
+from mm_batch.run.batch import Effects
+from mm_batch.run.ports import ModelDeadlineError
+from tests.conftest import write
+
+SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"
+STANDIN = Path(__file__).with_name("standin_llama.py")
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def _calls(directory: Path) -> list[tuple[int, float, float, str]]:
+    """The stand-ins' requests: port, start, end, the max_tokens they got."""
+    rows = (line.split() for line in (directory / "calls.log").read_text().splitlines())
+    return [(int(port), float(start), float(end), tokens) for port, start, end, tokens in rows]
+
+
+@dataclass
+class _Local:
+    effects: Effects
+    specs: Mapping[str, RunSpec]  # each model's first run
+
+    def complete(self, model: str, timeout: float = 30.0) -> float:
+        """One model turn of `model`'s first run; its latency."""
+        return self.effects.client_for(self.specs[model]).complete(MESSAGES, [], timeout).latency_s
+
+
+@pytest.fixture
+def local_effects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., _Local]]:
+    """`default_effects` of a plan on local models, each served by a stand-in process."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    binary.chmod(0o755)
+    # The stand-in replaces the extra's binary and the assembled model, nothing else.
+    monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: binary)
+    monkeypatch.setattr("mm_batch.commands.effects.ensure_gguf", lambda _model: tmp_path / "m")
+    monkeypatch.setenv("STANDIN_DIR", str(tmp_path))
+    started: list[Effects] = []
+
+    def start(*models: str, latency_s: float = 0.0, options: str = "{}") -> _Local:
+        monkeypatch.setenv("STANDIN_LATENCY_S", str(latency_s))
+        write(tmp_path, "agent.yaml", f"model_options: {options}\n")
+        tasks_yaml = "agent: agent.yaml\njobs: 2\ntasks: [{id: a, prompt: p}, {id: b, prompt: p}]\n"
+        write(tmp_path, "tasks.yaml", tasks_yaml)
+        tasks = load_tasks(tmp_path / "tasks.yaml")
+        plan = make_plan(tasks, Overrides(models=models))
+        effects = default_effects(plan, tmp_path / "out")
+        started.append(effects)
+        return _Local(effects, {run.model: run for run in reversed(plan.runs)})
+
+    yield start
+    for effects in started:
+        effects.shutdown()
+
+
+def test_server_argv_fits_the_cores_and_sleeps_when_idle(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local_effects(SMALL)
+    (argv_file,) = tmp_path.glob("argv-*.json")
+    argv = json.loads(argv_file.read_text())
+    flags = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
+    assert argv[:2] == ["-m", str(tmp_path / "m")]
+    assert flags["--threads"] == str(cores())
+    assert flags["--poll"] == "0"  # idle threads sleep instead of spinning
+    assert flags["--parallel"] == "2"  # the run's two jobs
+    assert flags["--ctx-size"] == "8192"
+    assert "--jinja" in argv and "--offline" in argv
+
+
+def test_max_tokens_is_bounded_unless_the_agent_says(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local_effects(SMALL).complete(SMALL)
+    local_effects(LARGE, options="{max_tokens: 64}").complete(LARGE)
+    assert [tokens for *_, tokens in _calls(tmp_path)] == [str(MAX_TOKENS), "64"]
+
+
+def test_two_servers_never_compute_at_once(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local = local_effects(SMALL, LARGE, latency_s=0.2)
+
+    def three(model: str) -> None:
+        for _ in range(3):
+            local.complete(model)
+
+    threads = [threading.Thread(target=three, args=(m,)) for m in (SMALL, SMALL, LARGE, LARGE)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    calls = _calls(tmp_path)
+    assert len(calls) == 12 and len({port for port, *_ in calls}) == 2
+    overlapping = [
+        (port, other)
+        for i, (port, start, end, _) in enumerate(calls)
+        for other, o_start, o_end, _ in calls[i + 1 :]
+        if start < o_end and o_start < end
+    ]
+    assert overlapping, "requests to one server should run together (llama.cpp batches them)"
+    assert all(port == other for port, other in overlapping), "two servers computed at once"
+
+
+def test_the_wait_for_the_cpu_honours_the_task_deadline(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local = local_effects(SMALL, LARGE, latency_s=2.0)
+    busy = threading.Thread(target=local.complete, args=(SMALL,))
+    busy.start()
+    time.sleep(0.5)  # the small model's server computes now
+    asked = time.monotonic()
+    with pytest.raises(ModelDeadlineError):
+        local.complete(LARGE, timeout=0.5)
+    assert 0.5 <= time.monotonic() - asked < 1.2
+    busy.join()
+    assert len(_calls(tmp_path)) == 1  # the large model's server was never asked
+    # A request that waits, but within its deadline, counts the wait in its latency.
+    busy = threading.Thread(target=local.complete, args=(SMALL,))
+    busy.start()
+    time.sleep(0.5)
+    assert local.complete(LARGE, timeout=10) >= 3.0  # 1.5 s waited, then 2 s computed
+    busy.join()
+
+
+def test_a_busy_server_does_not_starve_another() -> None:
+    """Two requests of one server that always overlap keep it busy for ever, unless a waiting
+    server's request stops new ones from joining in."""
+    turns = CpuTurns()
+    stop = threading.Event()
+    a_ran: list[float] = []
+
+    def stream(offset: float) -> None:
+        time.sleep(offset)
+        while not stop.is_set():
+            assert turns.acquire("a", time.monotonic() + 10)
+            a_ran.append(time.monotonic())
+            time.sleep(0.1)
+            turns.release("a")
+
+    streams = [threading.Thread(target=stream, args=(s,)) for s in (0.0, 0.05)]
+    for thread in streams:
+        thread.start()
+    time.sleep(0.3)
+    asked = time.monotonic()
+    assert turns.acquire("b", asked + 2.0), "b starved"
+    b_in = time.monotonic()
+    time.sleep(0.1)
+    b_out = time.monotonic()
+    turns.release("b")
+    time.sleep(0.3)
+    stop.set()
+    for thread in streams:
+        thread.join()
+    assert b_in - asked < 0.2  # only until the requests of a already running were done
+    assert not [t for t in a_ran if asked < t < b_out], "a started while b waited or ran"
+    assert [t for t in a_ran if t > b_out], "a goes on after b"
+
+
+def test_the_turn_goes_to_the_server_that_waited_longest() -> None:
+    turns = CpuTurns()
+    order: list[str] = []
+    assert turns.acquire("a", time.monotonic() + 5)
+
+    def wait_for(server: str) -> None:
+        assert turns.acquire(server, time.monotonic() + 5)
+        order.append(server)
+        turns.release(server)
+
+    waiters = []
+    for server in ("b", "c", "a"):
+        waiters.append(threading.Thread(target=wait_for, args=(server,)))
+        waiters[-1].start()
+        time.sleep(0.05)
+    turns.release("a")
+    for thread in waiters:
+        thread.join()
+    assert order == ["b", "c", "a"]
+
+
+def test_a_cold_server_computes_its_first_request_alone() -> None:
+    """The first request fills the prompt cache; the requests after it then run together."""
+    turns = CpuTurns()
+    spans: list[tuple[float, float]] = []
+
+    def request() -> None:
+        assert turns.acquire("a", time.monotonic() + 5)
+        start = time.monotonic()
+        time.sleep(0.1)
+        spans.append((start, time.monotonic()))
+        turns.release("a")
+
+    for _round in range(2):
+        pair = [threading.Thread(target=request) for _ in range(2)]
+        for thread in pair:
+            thread.start()
+        for thread in pair:
+            thread.join()
+    (a, b), (c, d) = sorted(spans[:2]), sorted(spans[2:])
+    assert a[1] <= b[0], "the cold server's first two requests ran together"
+    assert c[0] < d[1] and d[0] < c[1], "the warm server's requests should run together"
