@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -240,6 +241,8 @@ def leave(code: int) -> NoReturn:
     """
     from mm_batch.effects.watchdog import current_watchdog
 
+    for sig in (signal.SIGINT, signal.SIGTERM):  # nothing is left to cancel: the code stands
+        signal.signal(sig, signal.SIG_IGN)
     watchdog = current_watchdog()
     if watchdog is not None:
         watchdog.close()
