@@ -129,6 +129,7 @@ def import_s(tree: Tree, how: str) -> float:
     """Seconds of `import litellm` ("plain") or of the tree's `load_litellm` ("load")."""
     done = subprocess.run(
         [sys.executable, "-c", IMPORT, how],
+        cwd=tree.root,  # `-c` puts the working directory first on the path: the tree's own
         env=tree.env(),
         capture_output=True,
         text=True,
