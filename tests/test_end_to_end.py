@@ -56,6 +56,7 @@ def test_release_example_passes_and_writes_the_outputs(
     assert sorted(p.name for p in out.iterdir()) == [
         "calls.jsonl",
         "junit.xml",
+        "report.html",
         "summary.json",
         "summary.md",
     ]

@@ -23,11 +23,13 @@ from mm_batch.plan import classname
 from mm_batch.report.files import (
     CALLS,
     JUNIT,
+    REPORT_HTML,
     SUMMARY_JSON,
     SUMMARY_MD,
     ResultsFolder,
     unwritable,
 )
+from mm_batch.report.html import records_of, report_html
 from mm_batch.report.junit import recount, serialize, set_flaky
 from mm_batch.report.summary import (
     exit_code,
@@ -327,6 +329,7 @@ def _merge(directories: Sequence[Path], out_dir: Path) -> int:
         folder.write(JUNIT, junit)
         folder.write(SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage))
         folder.write(SUMMARY_MD, summary_markdown(suite, results, rate))
+        folder.write(REPORT_HTML, report_html(suite, results, records_of(calls)))
     finally:
         folder.close()
     click.echo(terminal_table(results), err=True)

@@ -30,11 +30,13 @@ from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.files import (
     CALLS,
     JUNIT,
+    REPORT_HTML,
     SUMMARY_JSON,
     SUMMARY_MD,
     ResultsFolder,
     unwritable,
 )
+from mm_batch.report.html import records_of, report_html
 from mm_batch.report.junit import junit_xml
 from mm_batch.report.summary import (
     exit_code,
@@ -179,6 +181,7 @@ def _write_reports(
             lambda: summary_json(suite, plan.min_pass_rate, results, facts, code, plan.coverage),
         ),
         (SUMMARY_MD, lambda: summary_md),
+        (REPORT_HTML, lambda: report_html(suite, results, records_of(folder.read(CALLS)))),
     ]
     failure: BaseException | None = None
     for name, render in reports:

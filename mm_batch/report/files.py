@@ -19,7 +19,8 @@ CALLS = "calls.jsonl"
 JUNIT = "junit.xml"
 SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
-OUTPUT_FILES = (CALLS, JUNIT, SUMMARY_MD, SUMMARY_JSON)
+REPORT_HTML = "report.html"
+OUTPUT_FILES = (CALLS, JUNIT, SUMMARY_MD, SUMMARY_JSON, REPORT_HTML)
 _FILE_MODE = 0o666  # less the umask, like any file the user writes
 _NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -68,6 +69,12 @@ class ResultsFolder:
             dir_fd=self._fd,
         )
         return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+
+    def read(self, name: str) -> str:
+        """A file written here before (calls.jsonl for report.html), never through a link."""
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=self._fd)
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
 
     def write(self, name: str, text: str) -> None:
         """Write beside the target, then rename over it: atomic, and never through a link."""

@@ -173,6 +173,7 @@ class TaskRecord:
     checks: tuple[Check, ...]
     duration_s: float
     answer: str | None
+    prompt: str | None = None  # the task's, so that a report of merged shards can show it
     traceback: str | None = None
 
     def fields(self, masker: Masker) -> dict[str, Any]:
@@ -182,6 +183,7 @@ class TaskRecord:
             "duration_s": round(self.duration_s, 6),
             "reason": masker.text(self.reason),
             "answer": _text(masker, self.answer),
+            "prompt": _text(masker, self.prompt),
         }
         if self.traceback is not None:
             data["traceback"] = masker.text(self.traceback)

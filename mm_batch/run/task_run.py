@@ -75,6 +75,7 @@ def finish(
             checks=checks,
             duration_s=duration_s,
             answer=answer,
+            prompt=spec.task.prompt,
             traceback=trace,
         )
     )

@@ -135,7 +135,7 @@ def _rendered(junit: Path, browser: str) -> tuple[str, str]:
         timeout=120,
     )
     for budget_ms in (15000, 30000, 60000):
-        drawn = _draw(browser, page, work / "profile", budget_ms)
+        drawn = draw(browser, page.as_uri(), work / "profile", budget_ms).stdout
         tree = dom(drawn)
         # Drawn once the suite is there and no card still waits to come into view (a loaded
         # machine can end the virtual time budget before the page's scripts are done).
@@ -148,9 +148,12 @@ def _rendered(junit: Path, browser: str) -> tuple[str, str]:
     return written, drawn
 
 
-def _draw(browser: str, page: Path, profile: Path, budget_ms: int) -> str:
-    """The DOM headless Chromium draws from the page once its scripts ran, with no network."""
-    drawn = subprocess.run(
+def draw(
+    browser: str, address: str, profile: Path, budget_ms: int = 15000
+) -> subprocess.CompletedProcess[str]:
+    """The DOM headless Chromium draws from a page once its scripts ran, with no network (on
+    stdout), and what the page logged to its console (on stderr)."""
+    return subprocess.run(
         [
             browser,
             "--headless",
@@ -166,15 +169,16 @@ def _draw(browser: str, page: Path, profile: Path, budget_ms: int) -> str:
             # Tall enough that every test card is in view, so that it is drawn.
             "--window-size=1280,12000",
             f"--virtual-time-budget={budget_ms}",
+            "--enable-logging=stderr",
+            "--v=0",
             "--dump-dom",
-            page.as_uri(),
+            address,
         ],
         capture_output=True,
         text=True,
         timeout=180,
         check=True,
     )
-    return drawn.stdout
 
 
 def test_the_page_needs_no_network(browser: str, reports: Reports) -> None:

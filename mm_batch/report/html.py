@@ -1,0 +1,232 @@
+"""report.html: one self-contained page to read a batch by, with no network and no CDN.
+
+The per-model table, then every task run, failing ones first: its verdict and checks, the
+prompt, and its time line (every model turn; every tool call with argv, outcome, rule, exit
+code, stdout and stderr). Filters by status, model and task run in a few lines of inline script;
+a link can set them (`report.html#status=failed&model=...&task=...`).
+
+Everything that came from a model, a command or the configuration is escaped text: it is put
+into the page by `html.escape` alone and never read back as markup by the script (the filters
+compare `data-` attributes, set with escaped values). A Content-Security-Policy allows only the
+page's own script, by its hash: even a hole in the escaping could not run a model's script.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from mm_batch.report.summary import model_lines, printable
+from mm_batch.run.records import RunResult
+
+# Each text a page shows is cut here: calls.jsonl keeps up to 1 MiB, a page of 500 runs must open.
+HTML_TEXT_LIMIT = 16 * 1024
+_STATUS_ORDER = {"error": 0, "failed": 1, "passed": 2}
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;
+text-align:left;vertical-align:top}pre{white-space:pre-wrap;word-break:break-all;margin:2px 0;
+background:#f6f6f6;padding:4px;max-height:24em;overflow:auto}
+details.run{border:1px solid #ccc;margin:4px 0;padding:2px 8px}
+.passed{color:#176f2c}.failed{color:#b00020}.error{color:#9a6700}
+.badge{font-weight:bold;text-transform:uppercase;margin-right:.5em}
+#filters{margin:1em 0}#filters>*{margin-right:1em}.hidden{display:none}
+"""
+
+_SCRIPT = """
+(function(){
+  var status=document.getElementById('f-status'),model=document.getElementById('f-model'),
+      task=document.getElementById('f-task'),shown=document.getElementById('shown');
+  function apply(){
+    var runs=document.querySelectorAll('details.run'),n=0;
+    for(var i=0;i<runs.length;i++){
+      var d=runs[i].dataset,ok=(!status.value||d.status===status.value)&&
+        (!model.value||d.model===model.value)&&
+        (!task.value||d.task.toLowerCase().indexOf(task.value.toLowerCase())>=0);
+      runs[i].classList.toggle('hidden',!ok);if(ok){n++;}
+    }
+    shown.textContent=String(n);
+  }
+  var wanted=new URLSearchParams(location.hash.slice(1));
+  status.value=wanted.get('status')||'';model.value=wanted.get('model')||'';
+  task.value=wanted.get('task')||'';
+  status.addEventListener('change',apply);model.addEventListener('change',apply);
+  task.addEventListener('input',apply);apply();
+})();
+"""
+
+
+def _e(value: object) -> str:
+    """Any value as escaped, printable text (control characters spelled out)."""
+    return html.escape(printable(str(value)), quote=True)
+
+
+def _block(text: object) -> str:
+    """A multi-line text as an escaped <pre>, cut at HTML_TEXT_LIMIT characters."""
+    value = "" if text is None else str(text)
+    cut = ""
+    if len(value) > HTML_TEXT_LIMIT:
+        cut = f"\n[... {len(value) - HTML_TEXT_LIMIT} more characters: see calls.jsonl ...]"
+        value = value[:HTML_TEXT_LIMIT]
+    lines = (printable(line) for line in value.split("\n"))
+    return f"<pre>{html.escape(chr(10).join(lines) + cut, quote=True)}</pre>"
+
+
+def _moment(stamp: object) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _model_row(record: Mapping[str, Any]) -> str:
+    asked = record.get("tool_calls") or []
+    calls = "".join(
+        f"<div>asks for <code>{_e(c.get('name'))}</code></div>{_block(c.get('arguments'))}"
+        for c in asked
+        if isinstance(c, dict)
+    )
+    content = record.get("content")
+    facts = (
+        f"{_e(record.get('latency_s'))} s, tokens {_e(record.get('prompt_tokens'))} in / "
+        f"{_e(record.get('completion_tokens'))} out, finish {_e(record.get('finish_reason'))}"
+    )
+    return f"<td>model turn</td><td>{facts}{_block(content) if content else ''}{calls}</td>"
+
+
+def _tool_row(record: Mapping[str, Any]) -> str:
+    argv = record.get("argv")
+    shown_argv = " ".join(str(a) for a in argv) if isinstance(argv, list) else "(not run)"
+    facts = [
+        f"<code>{_e(record.get('tool'))}</code> {_e(record.get('outcome'))}",
+        f"exit {_e(record.get('exit_code'))}",
+        f"rule {_e(record.get('rule'))}",
+        f"{_e(record.get('duration_s'))} s",
+        f"on {_e(record.get('where'))}",
+    ]
+    if record.get("recovered_from_text"):
+        facts.append("rescued from text")
+    parts = [" · ".join(facts), _block(f"$ {shown_argv}")]
+    if record.get("reason"):
+        parts.append(f"<div>reason: {_e(record.get('reason'))}</div>")
+    for stream in ("stdout", "stderr"):
+        if record.get(stream):
+            parts.append(f"<div>{stream}</div>{_block(record.get(stream))}")
+    return f"<td>tool call</td><td>{''.join(parts)}</td>"
+
+
+def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str:
+    final: Mapping[str, Any] = next((r for r in reversed(records) if r.get("kind") == "task"), {})
+    found = final.get("checks")
+    checks: list[Any] = found if isinstance(found, list) else []
+    check_rows = "".join(
+        f"<tr><td class={'passed' if c.get('ok') else 'failed'}>"
+        f"{'ok' if c.get('ok') else 'not met'}</td><td>{_e(c.get('check'))}</td>"
+        f"<td>{_block(c.get('detail')) if c.get('detail') else ''}</td></tr>"
+        for c in checks
+        if isinstance(c, dict)
+    )
+    start = next((m for m in map(_moment, (r.get("ts") for r in records)) if m), None)
+    timeline = []
+    for record in records:
+        moment = _moment(record.get("ts"))
+        offset = (
+            "" if moment is None or start is None else f"{(moment - start).total_seconds():.3f}"
+        )
+        kind = record.get("kind")
+        if kind == "model":
+            timeline.append(f"<tr><td>{offset}</td>{_model_row(record)}</tr>")
+        elif kind == "tool":
+            timeline.append(f"<tr><td>{offset}</td>{_tool_row(record)}</tr>")
+        elif kind == "task":
+            answer = final.get("answer")
+            timeline.append(
+                f"<tr><td>{offset}</td><td>verdict</td><td>{_e(record.get('status'))}"
+                f"{_block(answer) if answer else ''}</td></tr>"
+            )
+    prompt = final.get("prompt")
+    return (
+        f'<details class="run" data-status="{_e(result.status)}" data-model="{_e(result.model)}" '
+        f'data-task="{_e(result.task)}"{" open" if result.status != "passed" else ""}>'
+        f'<summary><span class="badge {_e(result.status)}">{_e(result.status)}</span>'
+        f"<code>{_e(result.run_id)}</code> {result.duration_s:.1f} s: {_e(result.reason)}</summary>"
+        + (f"<h4>Prompt</h4>{_block(prompt)}" if prompt else "")
+        + (f"<h4>Checks</h4><table>{check_rows}</table>" if check_rows else "")
+        + "<h4>Time line (s since the first record)</h4><table>"
+        + "".join(timeline)
+        + "</table></details>"
+    )
+
+
+def _seq(record: Mapping[str, Any]) -> int:
+    seq = record.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def group_records(records: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """calls.jsonl's records per run id, in their `seq` order."""
+    runs: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        if isinstance(record, Mapping) and isinstance(record.get("run"), str):
+            runs.setdefault(record["run"], []).append(record)
+    for found in runs.values():
+        found.sort(key=_seq)
+    return runs
+
+
+def report_html(
+    suite: str,
+    results: Sequence[RunResult],
+    records: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> str:
+    """The page for one results folder: `records` are calls.jsonl's, grouped by run id."""
+    lines = model_lines(results)
+    model_rows = "".join(
+        f"<tr><td>{_e(m.model)}</td><td>{m.passed}/{m.runs}</td><td>{m.failed}</td>"
+        f"<td>{m.errors}</td><td>{m.mean_s:.1f}</td></tr>"
+        for m in lines
+    )
+    counts = {s: sum(r.status == s for r in results) for s in _STATUS_ORDER}
+    ordered = sorted(results, key=lambda r: (_STATUS_ORDER.get(r.status, 3), r.index))
+    runs = "".join(_run_section(r, records.get(r.run_id, ())) for r in ordered)
+    options = "".join(f'<option value="{_e(m.model)}">{_e(m.model)}</option>' for m in lines)
+    digest = base64.b64encode(hashlib.sha256(_SCRIPT.encode()).digest()).decode()
+    policy = f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{digest}'"
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="Content-Security-Policy" content="{policy}">'
+        f"<title>mm-batch: {_e(suite)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>mm-batch: {_e(suite)}</h1>"
+        f'<p id="counts"><span id="n-runs">{len(results)}</span> runs: '
+        f'<span id="n-passed">{counts["passed"]}</span> passed, '
+        f'<span id="n-failed">{counts["failed"]}</span> failed, '
+        f'<span id="n-error">{counts["error"]}</span> errors</p>'
+        "<table><tr><th>Model</th><th>Passes/runs</th><th>Failed</th><th>Errors</th>"
+        f"<th>Mean s per task</th></tr>{model_rows}</table>"
+        '<div id="filters"><label>Status <select id="f-status"><option value="">all</option>'
+        '<option value="failed">failed</option><option value="error">error</option>'
+        '<option value="passed">passed</option></select></label>'
+        f'<label>Model <select id="f-model"><option value="">all</option>{options}</select>'
+        '</label><label>Task <input id="f-task" type="search"></label>'
+        '<span><span id="shown"></span> shown</span></div>'
+        f"{runs}<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def records_of(calls_text: str) -> dict[str, list[Mapping[str, Any]]]:
+    """calls.jsonl's text read for the page: a line that is not a JSON object is skipped."""
+    parsed: list[Mapping[str, Any]] = []
+    for line in calls_text.splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict):
+            parsed.append(record)
+    return group_records(parsed)
