@@ -130,7 +130,8 @@ def test_signals_until_the_process_exits_change_nothing(
         sent += 1
         time.sleep(0.005)
     _, err = proc.communicate(timeout=30)
-    assert sent > 50  # the storm went on for the whole wind-down
+    # The storm went on for the whole wind-down (which, with the teardown skipped, is short).
+    assert sent > 10
     _assert_interrupted(proc, err, tmp_path / "out", first.name)
 
 
