@@ -29,7 +29,7 @@ from mm_batch.report.files import (
     ResultsFolder,
     unwritable,
 )
-from mm_batch.report.html import records_of, report_html
+from mm_batch.report.html import group_records, report_html
 from mm_batch.report.junit import recount, serialize, set_flaky
 from mm_batch.report.summary import (
     exit_code,
@@ -156,9 +156,11 @@ def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
             )
 
 
-def _merge_calls(directories: Sequence[Path]) -> str:
-    """The shards' records, one JSON object a line; a line that is not one is named, not copied."""
+def _merge_calls(directories: Sequence[Path]) -> tuple[str, list[dict[str, Any]]]:
+    """The shards' records, one JSON object a line, and those records read (for report.html);
+    a line that is not one is named, not copied."""
     lines: list[str] = []
+    records: list[dict[str, Any]] = []
     for directory in directories:
         path = directory / CALLS
         for number, line in enumerate(read_text(path).splitlines(), 1):
@@ -168,7 +170,8 @@ def _merge_calls(directories: Sequence[Path]) -> str:
             if not isinstance(record, dict):
                 raise MergeError(f"{path}:{number}: not a JSON object")
             lines.append(line + "\n")
-    return "".join(lines)
+            records.append(record)
+    return "".join(lines), records
 
 
 _CASE_CHILDREN = ("failure", "error", "flakyFailure", "flakyError", "skipped")
@@ -314,7 +317,7 @@ def _merge(directories: Sequence[Path], out_dir: Path) -> int:
     folders = _results(summaries)
     results = sorted((r for runs in folders for r in runs), key=lambda r: r.index)
     junit = _merge_junit(list(zip(directories, folders, strict=True)), suite, rate)
-    calls = _merge_calls(directories)
+    calls, records = _merge_calls(directories)
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))
@@ -329,7 +332,7 @@ def _merge(directories: Sequence[Path], out_dir: Path) -> int:
         folder.write(JUNIT, junit)
         folder.write(SUMMARY_JSON, summary_json(suite, rate, results, provenance, code, coverage))
         folder.write(SUMMARY_MD, summary_markdown(suite, results, rate))
-        folder.write(REPORT_HTML, report_html(suite, results, records_of(calls)))
+        folder.write(REPORT_HTML, report_html(suite, results, group_records(records)))
     finally:
         folder.close()
     click.echo(terminal_table(results), err=True)
