@@ -128,16 +128,10 @@ def compare(
     rows = []
     for key in [*before, *(k for k in after if k not in before)]:
         left, right = before.get(key), after.get(key)
-        p_value = None
+        p_value, regression = None, False
         if left is not None and right is not None:
             p_value = fisher_drop_p(left.passed, left.runs, right.passed, right.runs)
-        regression = (
-            p_value is not None
-            and left is not None
-            and right is not None
-            and right.rate < left.rate
-            and p_value <= alpha
-        )
+            regression = right.rate < left.rate and p_value <= alpha
         rows.append(Row(key[0], key[1], left, right, p_value, regression))
     provenance = _differences(base.get("provenance") or {}, head.get("provenance") or {})
     return Comparison(alpha, tuple(rows), provenance)

@@ -74,8 +74,8 @@ def _block(text: object) -> str:
     if len(value) > HTML_TEXT_LIMIT:
         cut = f"\n[... {len(value) - HTML_TEXT_LIMIT} more characters: see calls.jsonl ...]"
         value = value[:HTML_TEXT_LIMIT]
-    lines = (printable(line) for line in value.split("\n"))
-    return f"<pre>{html.escape(chr(10).join(lines) + cut, quote=True)}</pre>"
+    shown = "\n".join(printable(line) for line in value.split("\n")) + cut
+    return f"<pre>{html.escape(shown, quote=True)}</pre>"
 
 
 def _moment(stamp: object) -> datetime | None:
