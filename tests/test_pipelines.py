@@ -593,15 +593,9 @@ def test_the_github_workflow_runs_as_documented(
     assert "shard 2/4 missing: its runs would be absent" in merged_without.stderr
 
 
-def test_the_hosted_github_workflow_keeps_the_key_secret(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
-    """The key from the secret store reaches mm-batch, never a report or the log; without it the
-    run stops, saying which secret is missing."""
-    key = "sk-test-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
-    replies = dict(GOOD)
-    replies[STATUS_EN] = [GOOD[STATUS_EN][0], text(f"Running. The key is {key}.")]  # a leak
-    fake = fake_model(by_prompt(replies))
+def hosted_repo(tmp_path: Path) -> Path:
+    """A repository holding the release example, its model reached at FAKE_MODEL_URL with the
+    key from the secret store's variable, as a hosted-model workflow runs it."""
     repo = tmp_path / "repo"
     shutil.copytree(
         ROOT / "examples" / "release", repo, ignore=shutil.ignore_patterns("calls-received.log")
@@ -611,6 +605,19 @@ def test_the_hosted_github_workflow_keeps_the_key_secret(
         agent.read_text()
         + f'model_options: {{api_base: "${{FAKE_MODEL_URL}}", api_key: "${{{KEY}}}"}}\n'
     )
+    return repo
+
+
+def test_the_hosted_github_workflow_keeps_the_key_secret(
+    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+) -> None:
+    """The key from the secret store reaches mm-batch, never a report or the log; without it the
+    run stops, saying which secret is missing."""
+    key = "sk-test-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    replies = dict(GOOD)
+    replies[STATUS_EN] = [GOOD[STATUS_EN][0], text(f"Running. The key is {key}.")]  # a leak
+    fake = fake_model(by_prompt(replies))
+    repo = hosted_repo(tmp_path)
     workflow = load(HOSTED["github"])
     assert workflow["env"]["MM_BATCH_TASKS"] == "tasks.yaml"
     env = github_env(workflow, tmp_path, FAKE_MODEL_URL=fake.url, MM_BATCH_MODEL="hosted_vllm/fake")
@@ -663,15 +670,7 @@ def test_the_compare_workflow_runs_as_documented(
 ) -> None:
     """Its run steps, as written: a push saves the baseline; a pull request whose status task
     stopped working fails on the comparison, with compare.md on the job summary."""
-    repo = tmp_path / "repo"
-    shutil.copytree(
-        ROOT / "examples" / "release", repo, ignore=shutil.ignore_patterns("calls-received.log")
-    )
-    agent = repo / "agent.yaml"
-    agent.write_text(
-        agent.read_text()
-        + f'model_options: {{api_base: "${{FAKE_MODEL_URL}}", api_key: "${{{KEY}}}"}}\n'
-    )
+    repo = hosted_repo(tmp_path)
     workflow = load("github/mm-batch-compare.yml")
     (job,) = workflow["jobs"].values()
     context = {f"secrets.{KEY}": "sk-test-compare", "steps.baseline.outputs.cache-matched-key": ""}
