@@ -161,3 +161,23 @@ def test_merge_writes_the_page_of_every_shard_with_its_prompts(
     assert [r.attrs["data-task"] for r in runs] == ["loud", "quiet"]  # failing first
     assert "Shout it." in runs[0].text() and "Say nothing." in runs[1].text()
     assert _by_id(tree, "n-failed") == "1"
+
+
+def test_a_secret_in_the_prompt_is_masked_in_the_task_record_and_the_page(
+    cli: Cli, fake_model: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "tok-5521-prompt"
+    monkeypatch.setenv("DEPLOY_TOKEN", secret)
+    (tmp_path / "agent.yaml").write_text(AGENT)
+    (tmp_path / "tasks.yaml").write_text(
+        f"agent: agent.yaml\ntasks:\n  - id: t\n    prompt: Deploy with {secret}.\n"
+    )
+    out = tmp_path / "out"
+    fake = fake_model(lambda request: text("Done."))
+    assert cli("run", tmp_path / "tasks.yaml", *model_args(fake), "--out", out).code == 0
+    for path in out.iterdir():
+        assert secret not in path.read_text(encoding="utf-8"), path.name
+    assert "Deploy with ***." in (out / "report.html").read_text()
+    merged = tmp_path / "merged"
+    assert cli("merge", out, "--out", merged).code == 0
+    assert secret not in (merged / "report.html").read_text()
