@@ -66,6 +66,7 @@ class RunSpec:
     sandbox: SandboxSpec
     settings: ModelSettings = ModelSettings()
     index: int = 0  # position in the whole plan, every shard together: the reports' order
+    rerun: bool = False  # run again by `--rerun-failed`, since it did not pass before
 
     @property
     def run_id(self) -> str:

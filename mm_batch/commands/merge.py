@@ -35,6 +35,7 @@ from mm_batch.report.summary import (
     exit_code,
     flaky_runs,
     one_line,
+    run_result,
     summary_json,
     summary_markdown,
     task_verdicts,
@@ -61,22 +62,7 @@ def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunR
                     f"{directory}: shards must not overlap"
                 )
             seen[run["run"]] = directory
-            results.append(
-                RunResult(
-                    run["run"],
-                    run["task"],
-                    run["model"],
-                    run["repeat"],
-                    run["status"],
-                    run["reason"],
-                    (),
-                    run["duration_s"],
-                    None,
-                    (),
-                    line=run["line"],
-                    index=run["index"],
-                )
-            )
+            results.append(run_result(run))
         folders.append(results)
     return folders
 

@@ -54,6 +54,7 @@ def _is_run(run: object) -> bool:
         and run["status"] in ("passed", "failed", "error")
         and is_number(run["duration_s"])
         and run["duration_s"] >= 0
+        and isinstance(run.get("rerun", False), bool)
     )
 
 

@@ -135,22 +135,45 @@ def summary_json(
             }
             for v in verdicts
         ],
-        "runs": [
-            {
-                "run": r.run_id,
-                "task": r.task,
-                "model": r.model,
-                "repeat": r.repeat,
-                "status": r.status,
-                "reason": r.reason,
-                "duration_s": round(r.duration_s, 3),
-                "line": r.line,
-                "index": r.index,
-            }
-            for r in results
-        ],
+        "runs": [run_entry(r) for r in results],
     }
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def run_entry(result: RunResult) -> dict[str, Any]:
+    """A run as summary.json lists it; `run_result` reads it back (merge, rerun, compare)."""
+    return {
+        "run": result.run_id,
+        "task": result.task,
+        "model": result.model,
+        "repeat": result.repeat,
+        "status": result.status,
+        "reason": result.reason,
+        "duration_s": round(result.duration_s, 3),
+        "line": result.line,
+        "index": result.index,
+        "rerun": result.rerun,
+    }
+
+
+def run_result(entry: Mapping[str, Any]) -> RunResult:
+    """A run read back from summary.json (checked already): what the reports need of it, less
+    the checks and calls that junit.xml and calls.jsonl keep."""
+    return RunResult(
+        entry["run"],
+        entry["task"],
+        entry["model"],
+        entry["repeat"],
+        entry["status"],
+        entry["reason"],
+        (),
+        entry["duration_s"],
+        None,
+        (),
+        line=entry["line"],
+        index=entry["index"],
+        rerun=entry.get("rerun") is True,
+    )
 
 
 # What a model or a command wrote is shown as text wherever it is rendered. In summary.md every

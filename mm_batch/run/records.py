@@ -174,6 +174,7 @@ class TaskRecord:
     duration_s: float
     answer: str | None
     prompt: str | None = None  # the task's, so that a report of merged shards can show it
+    rerun: bool = False  # a run of `--rerun-failed`: it failed or erred in the results before
     traceback: str | None = None
 
     def fields(self, masker: Masker) -> dict[str, Any]:
@@ -184,6 +185,7 @@ class TaskRecord:
             "reason": masker.text(self.reason),
             "answer": _text(masker, self.answer),
             "prompt": _text(masker, self.prompt),
+            "rerun": self.rerun,
         }
         if self.traceback is not None:
             data["traceback"] = masker.text(self.traceback)
@@ -210,6 +212,7 @@ class RunResult:
     line: int = 0  # the task's line in the tasks file
     index: int = 0  # the run's position in the whole plan
     failed_calls: tuple[str, ...] = ()  # the lines of `calls` that exited non-zero with stderr
+    rerun: bool = False  # run again by `--rerun-failed`
 
 
 class Recorder(Protocol):

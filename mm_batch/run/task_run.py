@@ -76,6 +76,7 @@ def finish(
             duration_s=duration_s,
             answer=answer,
             prompt=spec.task.prompt,
+            rerun=spec.rerun,
             traceback=trace,
         )
     )
@@ -95,6 +96,7 @@ def finish(
         failed_calls=tuple(line for r, line in zip(tools, lines, strict=True) if _shows_stderr(r)),
         line=spec.task.line,
         index=spec.index,
+        rerun=spec.rerun,
     )
 
 
