@@ -121,7 +121,14 @@ Exit codes:
     show_default=True,
     help="Results folder; its previous results are replaced.",
 )
-def run(tasks_file: Path, out_dir: Path, **options: Any) -> None:
+@click.option(
+    "--rerun-failed",
+    "rerun_from",
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Run only the runs that failed or erred in the results folder DIR; keep its others.",
+)
+def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
     from mm_batch.effects.litellm import start_litellm_import
 
@@ -129,7 +136,7 @@ def run(tasks_file: Path, out_dir: Path, **options: Any) -> None:
     start_litellm_import()
     from mm_batch.commands import run as command
 
-    sys.exit(command.run(tasks_file, _overrides(**options), out_dir))
+    sys.exit(command.run(tasks_file, _overrides(**options), out_dir, rerun_from=rerun_from))
 
 
 @cli.command()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,9 @@ import click
 
 from mm_batch.commands.results import (
     ResultsError,
-    read_json,
+    read_junit,
+    read_records,
     read_summary,
-    read_text,
     refusing,
 )
 from mm_batch.errors import ExitCode
@@ -49,7 +50,7 @@ class MergeError(ResultsError):
     """Folders that cannot be merged: overlapping, incomplete or from different plans."""
 
 
-def _results(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunResult]]:
+def results_of(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunResult]]:
     """Each folder's runs, in the order of `summaries`; a run in two folders is refused."""
     seen: dict[str, Path] = {}
     folders: list[list[RunResult]] = []
@@ -143,18 +144,11 @@ def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
 
 
 def _merge_calls(directories: Sequence[Path]) -> tuple[str, list[dict[str, Any]]]:
-    """The shards' records, one JSON object a line, and those records read (for report.html);
-    a line that is not one is named, not copied."""
+    """The shards' records, one JSON object a line, and those records read (for report.html)."""
     lines: list[str] = []
     records: list[dict[str, Any]] = []
     for directory in directories:
-        path = directory / CALLS
-        for number, line in enumerate(read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
-            record = read_json(line, f"{path}:{number}", "a JSON record")
-            if not isinstance(record, dict):
-                raise MergeError(f"{path}:{number}: not a JSON object")
+        for line, record in read_records(directory / CALLS):
             lines.append(line + "\n")
             records.append(record)
     return "".join(lines), records
@@ -204,28 +198,71 @@ def _case_status(case: ET.Element) -> str:
     return _STATUS_OF[tags[0]] if len(tags) == 1 else "passed" if not tags else "several"
 
 
-def _merge_junit(
-    folders: Sequence[tuple[Path, Sequence[RunResult]]], suite_of_runs: str, rate: float
-) -> str:
-    """The shards' test cases in plan order within each testsuite, flaky as the whole says.
+@dataclass(frozen=True)
+class JunitPart:
+    """One folder's junit.xml, checked against its summary.json: its testsuites (attributes
+    and properties) and its test cases, each with the run it reports."""
 
-    Each folder's junit.xml must hold exactly its own runs, each once, with the verdict its
-    summary.json gives: a report that disagrees with the summary (and the exit code) is refused.
-    """
+    suites: tuple[ET.Element, ...]
+    cases: tuple[tuple[str, RunResult, ET.Element], ...]  # (testsuite name, run, test case)
+
+    def without(self, run_ids: Collection[str]) -> JunitPart:
+        """The part less the test cases of these runs (run again by `--rerun-failed`)."""
+        kept = tuple(c for c in self.cases if c[1].run_id not in run_ids)
+        return JunitPart(self.suites, kept)
+
+
+def junit_part(
+    root: ET.Element, results: Sequence[RunResult], suite_of_runs: str, directory: Path
+) -> JunitPart:
+    """The junit.xml of a folder, which must hold exactly its runs, each once, with the verdict
+    its summary.json gives: a report that disagrees with the summary (and the exit code) is
+    refused."""
+    path = directory / JUNIT
+    runs: dict[tuple[str, str], RunResult] = {}
+    for r in results:
+        runs[classname(suite_of_runs, r.model), f"{r.task}#{r.repeat}"] = r
+        if r.repeat == 1:  # a plan without repeats names its cases by the task alone
+            runs[classname(suite_of_runs, r.model), r.task] = r
+    found: set[str] = set()
+    suites: list[ET.Element] = []
+    cases: list[tuple[str, RunResult, ET.Element]] = []
+    for suite in root.iter("testsuite"):
+        suites.append(suite)
+        for case in suite.iterfind("testcase"):
+            label = one_line(f"{case.get('classname')}.{case.get('name')}", 120)
+            run = runs.get((case.get("classname", ""), case.get("name", "")))
+            if run is None or run.run_id in found:
+                what = "is no run of" if run is None else "is twice in the report of"
+                raise MergeError(f"{path}: test case {label} {what} {directory}")
+            if _case_status(case) != run.status:
+                raise MergeError(
+                    f"{path}: test case {label} is {_case_status(case)} but "
+                    f"{directory / SUMMARY_JSON} says {run.status}: the folder is damaged"
+                )
+            strange = _strange_element(case)
+            if strange is not None:
+                raise MergeError(
+                    f"{path}: test case {label} holds <{one_line(strange, 60)}> where "
+                    "mm-batch never writes one: the folder is damaged"
+                )
+            found.add(run.run_id)
+            cases.append((suite.get("name", ""), run, _case_copy(case)))
+    missing = [r.run_id for r in results if r.run_id not in found]
+    if missing:
+        raise MergeError(f"{path}: no test case for run {one_line(missing[0], 120)}")
+    return JunitPart(tuple(suites), tuple(cases))
+
+
+def merge_junit(parts: Sequence[JunitPart], rate: float) -> str:
+    """The parts' test cases (moved, not copied) in plan order within each testsuite, flaky as
+    the whole says; a testsuite takes its attributes and properties from the first part that
+    has it."""
     root = ET.Element("testsuites")
     suites: dict[str, ET.Element] = {}
     cases: dict[str, list[tuple[RunResult, ET.Element]]] = {}
-    everything: list[RunResult] = []
-    for directory, results in folders:
-        path = directory / JUNIT
-        everything += results
-        runs: dict[tuple[str, str], RunResult] = {}
-        for r in results:
-            runs[classname(suite_of_runs, r.model), f"{r.task}#{r.repeat}"] = r
-            if r.repeat == 1:  # a plan without repeats names its cases by the task alone
-                runs[classname(suite_of_runs, r.model), r.task] = r
-        found: set[str] = set()
-        for suite in _parse(path).iter("testsuite"):
+    for part in parts:
+        for suite in part.suites:
             name = suite.get("name", "")
             if name not in suites:
                 attributes = {k: v for k in _SUITE_ATTRIBUTES if (v := suite.get(k)) is not None}
@@ -236,42 +273,15 @@ def _merge_junit(
                     ET.SubElement(properties, "property", pair)
             else:
                 _widen(suites[name], suite)
-            for case in suite.iterfind("testcase"):
-                label = one_line(f"{case.get('classname')}.{case.get('name')}", 120)
-                run = runs.get((case.get("classname", ""), case.get("name", "")))
-                if run is None or run.run_id in found:
-                    what = "is no run of" if run is None else "is twice in the report of"
-                    raise MergeError(f"{path}: test case {label} {what} {directory}")
-                if _case_status(case) != run.status:
-                    raise MergeError(
-                        f"{path}: test case {label} is {_case_status(case)} but "
-                        f"{directory / SUMMARY_JSON} says {run.status}: the folder is damaged"
-                    )
-                strange = _strange_element(case)
-                if strange is not None:
-                    raise MergeError(
-                        f"{path}: test case {label} holds <{one_line(strange, 60)}> where "
-                        "mm-batch never writes one: the folder is damaged"
-                    )
-                found.add(run.run_id)
-                cases.setdefault(name, []).append((run, _case_copy(case)))
-        missing = [r.run_id for r in results if r.run_id not in found]
-        if missing:
-            raise MergeError(f"{path}: no test case for run {one_line(missing[0], 120)}")
-    flaky = flaky_runs(everything, rate)
+        for name, run, case in part.cases:
+            cases.setdefault(name, []).append((run, case))
+    flaky = flaky_runs((run for pairs in cases.values() for run, _ in pairs), rate)
     for name, pairs in cases.items():
         for run, case in sorted(pairs, key=lambda pair: pair[0].index):
             set_flaky(case, run.run_id in flaky)
             suites[name].append(case)
     recount(root)
     return serialize(root)
-
-
-def _parse(path: Path) -> ET.Element:
-    try:
-        return ET.fromstring(read_text(path))
-    except ET.ParseError as exc:
-        raise MergeError(f"{path}: not valid XML ({exc})") from None
 
 
 def _widen(merged: ET.Element, suite: ET.Element) -> None:
@@ -300,9 +310,15 @@ def _merge(directories: Sequence[Path], out_dir: Path) -> int:
     _check_provenance(summaries)
     _check_complete(summaries)
     (rate,), (suite,) = rates, suites
-    folders = _results(summaries)
+    folders = results_of(summaries)
     results = sorted((r for runs in folders for r in runs), key=lambda r: r.index)
-    junit = _merge_junit(list(zip(directories, folders, strict=True)), suite, rate)
+    junit = merge_junit(
+        [
+            junit_part(read_junit(d / JUNIT), runs, suite, d)
+            for d, runs in zip(directories, folders, strict=True)
+        ],
+        rate,
+    )
     calls, records = _merge_calls(directories)
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)

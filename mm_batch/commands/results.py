@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,24 @@ def read_summary(directory: Path) -> dict[str, Any]:
     if not _is_summary(data):
         raise ResultsError(f"{path}: not an mm-batch summary")
     return dict(data)
+
+
+def read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """calls.jsonl's records, each with its line as written; a line that is not a JSON object
+    is named, never copied."""
+    records: list[tuple[str, dict[str, Any]]] = []
+    for number, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        record = read_json(line, f"{path}:{number}", "a JSON record")
+        if not isinstance(record, dict):
+            raise ResultsError(f"{path}:{number}: not a JSON object")
+        records.append((line, record))
+    return records
+
+
+def read_junit(path: Path) -> ET.Element:
+    try:
+        return ET.fromstring(read_text(path))
+    except ET.ParseError as exc:
+        raise ResultsError(f"{path}: not valid XML ({exc})") from None

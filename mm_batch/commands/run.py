@@ -17,6 +17,14 @@ import click
 from mm_batch import __version__
 from mm_batch.commands.effects import default_effects
 from mm_batch.commands.inspect import show_warnings
+from mm_batch.commands.rerun import (
+    Previous,
+    kept_records,
+    read_previous,
+    rerun_junit,
+    rerun_plan,
+    with_previous,
+)
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.paths import report_path
@@ -96,7 +104,11 @@ def run(
     overrides: Overrides,
     out_dir: Path = DEFAULT_OUT,
     effects: Effects | None = None,
+    *,
+    rerun_from: Path | None = None,
 ) -> int:
+    """With `rerun_from`, only the runs that did not pass in that results folder run again;
+    its other runs are kept in the new one."""
     tasks_file = load_tasks(tasks_path)
     show_warnings(tasks_file.warnings)
     plan = make_plan(tasks_file, overrides)
@@ -110,6 +122,10 @@ def run(
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
     facts = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
+    previous = None if rerun_from is None else read_previous(rerun_from)
+    if previous is not None:  # read whole now: it may be the folder about to be replaced
+        plan = rerun_plan(plan, previous, masker)
+        facts["rerun_of"] = str(previous.summary["provenance"].get("started_at", "unknown"))
     click.echo(
         masker.text(
             f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
@@ -129,6 +145,10 @@ def run(
                 folder.clear()
                 recorder = JsonlRecorder(folder.open_log(CALLS))
                 try:
+                    if previous is not None:
+                        again = {masker.text(r.run_id) for r in plan.runs}
+                        for record in kept_records(previous, again):
+                            recorder.write(record)
                     # Leaving it ends the live line, so that what follows starts a line of its own.
                     with Progress(len(plan.runs)) as progress:
                         results = run_batch(
@@ -137,22 +157,25 @@ def run(
                 finally:
                     recorder.close()
                     effects.shutdown()
-                verdicts = task_verdicts(results, plan.min_pass_rate)
+                everything = results if previous is None else with_previous(previous, results)
+                verdicts = task_verdicts(everything, plan.min_pass_rate)
                 code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
-                summary_md = _write_reports(folder, plan, results, facts, code, masker)
+                summary_md = _write_reports(
+                    folder, plan, results, everything, facts, code, masker, previous
+                )
             finally:
                 folder.close()
         finally:
             pristine.close()
         publish_to_github(
-            results,
+            everything,
             summary_md,
             tasks_file=masker.text(report_path(plan.tasks_file.path)),
             min_pass_rate=plan.min_pass_rate,
             out_dir=out_dir.as_posix(),
         )
-        click.echo(terminal_table(results), err=True)
-        for line in short_summary(results, plan.min_pass_rate):
+        click.echo(terminal_table(everything), err=True)
+        for line in short_summary(everything, plan.min_pass_rate):
             click.echo(line, err=True)
         if received:
             name = signal.Signals(received[0]).name
@@ -167,21 +190,27 @@ def _write_reports(
     folder: ResultsFolder,
     plan: Plan,
     results: Sequence[RunResult],
+    everything: Sequence[RunResult],
     facts: dict[str, Any],
     code: ExitCode,
     masker: Masker,
+    previous: Previous | None,
 ) -> str:
-    """Write every report that can be written; a bug in one does not keep the others back."""
+    """Write every report that can be written; a bug in one does not keep the others back.
+    `results` are this run's; `everything` adds the runs kept from `previous` (a rerun's)."""
     suite = masker.text(plan.suite)
-    summary_md = summary_markdown(suite, results, plan.min_pass_rate)
+    rate = plan.min_pass_rate
+    summary_md = summary_markdown(suite, everything, rate)
+
+    def junit() -> str:
+        text = junit_xml(plan, results, facts, masker)
+        return text if previous is None else rerun_junit(previous, results, text, rate, folder.path)
+
     reports: list[tuple[str, Callable[[], str]]] = [
-        (JUNIT, lambda: junit_xml(plan, results, facts, masker)),
-        (
-            SUMMARY_JSON,
-            lambda: summary_json(suite, plan.min_pass_rate, results, facts, code, plan.coverage),
-        ),
+        (JUNIT, junit),
+        (SUMMARY_JSON, lambda: summary_json(suite, rate, everything, facts, code, plan.coverage)),
         (SUMMARY_MD, lambda: summary_md),
-        (REPORT_HTML, lambda: report_html(suite, results, records_of(folder.read(CALLS)))),
+        (REPORT_HTML, lambda: report_html(suite, everything, records_of(folder.read(CALLS)))),
     ]
     failure: BaseException | None = None
     for name, render in reports:

@@ -1,0 +1,140 @@
+"""`mm-batch run --rerun-failed DIR`: run again what did not pass in DIR, keep the rest of it.
+
+DIR is read whole, and checked as hostile input like a folder given to `merge`, before anything
+runs or any result is replaced (DIR may be the `--out` folder itself). The new folder holds DIR's
+other runs as they were (their records, test cases and verdicts) and the runs made again, which
+carry `rerun: true`.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mm_batch.commands.merge import JunitPart, junit_part, merge_junit, results_of
+from mm_batch.commands.results import (
+    ResultsError,
+    read_junit,
+    read_records,
+    read_summary,
+    refusing,
+)
+from mm_batch.config.secrets import Masker
+from mm_batch.plan import Plan, PlanError, parse_shard
+from mm_batch.report.files import CALLS, JUNIT
+from mm_batch.report.summary import one_line
+from mm_batch.run.records import RunResult
+
+
+@dataclass(frozen=True)
+class Previous:
+    """A results folder read back: its runs, their test cases and their records."""
+
+    directory: Path
+    summary: dict[str, Any]
+    results: tuple[RunResult, ...]
+    junit: JunitPart
+    records: tuple[dict[str, Any], ...]
+
+    @property
+    def not_passed(self) -> frozenset[str]:
+        return frozenset(r.run_id for r in self.results if r.status != "passed")
+
+    @property
+    def run_ids(self) -> frozenset[str]:
+        return frozenset(r.run_id for r in self.results)
+
+    @property
+    def coverage(self) -> dict[str, Any]:
+        """The part of the whole plan DIR covered: a rerun covers the same."""
+        return dict(self.summary["plan"])
+
+
+def read_previous(directory: Path) -> Previous:
+    """DIR's summary.json, junit.xml and calls.jsonl, each checked against the others."""
+    with refusing("nothing ran"):
+        summary = read_summary(directory)
+        (results,) = results_of([(directory, summary)])
+        junit = junit_part(
+            read_junit(directory / JUNIT), results, str(summary.get("suite", "")), directory
+        )
+        records = tuple(record for _, record in read_records(directory / CALLS))
+    return Previous(directory, summary, tuple(results), junit, records)
+
+
+def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
+    """The plan narrowed to the runs that failed or erred in DIR, each marked as a rerun.
+
+    DIR must come from this tasks file with the same repeats: a run is found again by its id,
+    `<task>[<model>]#<repeat>`, as the reports name it (masked).
+    """
+    where = previous.directory
+    with refusing("nothing ran"):
+        if previous.summary.get("suite") != masker.text(plan.suite):
+            raise ResultsError(
+                f"{where} holds results of {one_line(str(previous.summary.get('suite')), 80)}, "
+                f"not of {one_line(masker.text(plan.suite), 80)}: rerun with the tasks file "
+                "that made them"
+            )
+        repeats = max((r.repeat for r in previous.results), default=plan.repeat)
+        if repeats != plan.repeat:
+            raise ResultsError(
+                f"{where} was run with {repeats} repeat(s), this plan has {plan.repeat}: "
+                "rerun with the same --repeat"
+            )
+        text = previous.coverage.get("shard")
+        try:  # the part of the whole plan that DIR covered, and so the rerun
+            shard = parse_shard(text) if isinstance(text, str) else None
+        except PlanError:
+            raise ResultsError(
+                f"{where}: its summary.json's plan.shard is not K/N: {one_line(text or '', 40)}"
+            ) from None
+    again = previous.not_passed
+    runs = tuple(replace(r, rerun=True) for r in plan.runs if masker.text(r.run_id) in again)
+    in_plan = {masker.text(r.run_id) for r in plan.runs}
+    absent = [r for r in plan.runs if masker.text(r.run_id) not in previous.run_ids]
+    kept_failing = sorted(again - in_plan)
+    if absent:
+        click.echo(
+            f"mm-batch: {len(absent)} run(s) of the plan are not in {where} and do not run "
+            f"(first: {masker.text(absent[0].run_id)}); run without --rerun-failed to run them",
+            err=True,
+        )
+    if kept_failing:
+        click.echo(
+            f"mm-batch: {len(kept_failing)} run(s) that did not pass in {where} are outside "
+            f"this plan and are kept as they were (first: {one_line(kept_failing[0], 120)})",
+            err=True,
+        )
+    if not runs:
+        click.echo(f"mm-batch: nothing to rerun: no run of this plan failed in {where}", err=True)
+    return replace(plan, runs=runs, shard=shard, whole_runs=previous.coverage["whole_runs"])
+
+
+def kept_records(previous: Previous, again: Collection[str]) -> list[dict[str, Any]]:
+    """DIR's records less those of the runs made again (`again`: their ids, masked)."""
+    return [r for r in previous.records if r.get("run") not in again]
+
+
+def with_previous(previous: Previous, new: Sequence[RunResult]) -> list[RunResult]:
+    """DIR's runs that were not made again, and the new ones, in plan order."""
+    again = {r.run_id for r in new}
+    kept = [r for r in previous.results if r.run_id not in again]
+    return sorted([*kept, *new], key=lambda r: r.index)
+
+
+def rerun_junit(
+    previous: Previous, new: Sequence[RunResult], new_junit: str, rate: float, out_dir: Path
+) -> str:
+    """junit.xml of the new runs and of DIR's others, flaky as the whole says. The new
+    testsuites come first: their properties are those of this run."""
+    again = {r.run_id for r in new}
+    part = junit_part(
+        ET.fromstring(new_junit), new, str(previous.summary.get("suite", "")), out_dir
+    )
+    return merge_junit([part, previous.junit.without(again)], rate)
