@@ -155,7 +155,8 @@ def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str
         f'<details class="run" data-status="{_e(result.status)}" data-model="{_e(result.model)}" '
         f'data-task="{_e(result.task)}"{" open" if result.status != "passed" else ""}>'
         f'<summary><span class="badge {_e(result.status)}">{_e(result.status)}</span>'
-        f"<code>{_e(result.run_id)}</code> {result.duration_s:.1f} s: {_e(result.reason)}</summary>"
+        f"<code>{_e(result.run_id)}</code>{' (rerun)' if result.rerun else ''} "
+        f"{result.duration_s:.1f} s: {_e(result.reason)}</summary>"
         + (f"<h4>Prompt</h4>{_block(prompt)}" if prompt else "")
         + (f"<h4>Checks</h4><table>{check_rows}</table>" if check_rows else "")
         + "<h4>Time line (s since the first record)</h4><table>"

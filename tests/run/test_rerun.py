@@ -118,7 +118,9 @@ def test_a_rerun_asks_again_only_for_the_runs_that_failed_and_keeps_the_others_a
     assert summary["exit_code"] == 0
     assert summary["models"][0]["passed"] == 3
     assert summary["provenance"]["rerun_of"] == started
-    assert "beta" in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert "<code>beta[hosted_vllm/fake]#1</code> (rerun)" in page
+    assert "<code>alpha[hosted_vllm/fake]#1</code> (rerun)" not in page
 
 
 def test_a_rerun_that_fails_again_stays_failed_and_exits_1(
