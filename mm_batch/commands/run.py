@@ -126,10 +126,11 @@ def run(
     if previous is not None:  # read whole now: it may be the folder about to be replaced
         plan = rerun_plan(plan, previous, masker)
         facts["rerun_of"] = str(previous.summary["provenance"].get("started_at", "unknown"))
+    kept = "" if previous is None else f" ({len(previous.results) - len(plan.runs)} kept)"
     click.echo(
         masker.text(
-            f"mm-batch {__version__}: {len(plan.runs)} run(s) of {display_path(tasks_path)}, "
-            f"{plan.jobs} in parallel"
+            f"mm-batch {__version__}: {len(plan.runs)} run(s){kept} of "
+            f"{display_path(tasks_path)}, {plan.jobs} in parallel"
         ),
         err=True,
     )
