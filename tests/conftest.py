@@ -76,9 +76,10 @@ def release_example(tmp_path: Path) -> Path:
 
 
 def run_until_marker(
-    tasks: Path, server: FakeOpenAI, out: Path, marker: Path
+    tasks: Path, server: FakeOpenAI, out: Path, marker: Path, *options: str
 ) -> subprocess.Popen[bytes]:
-    """Start `mm-batch run` as its own process; return once a tool has created the marker."""
+    """Start `mm-batch run` (with `options`) as its own process; return once a tool has created
+    the marker."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -89,6 +90,7 @@ def run_until_marker(
             *model_args(server),
             "--out",
             str(out),
+            *options,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

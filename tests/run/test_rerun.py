@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, check_report, model_args
+from tests.conftest import CliResult, check_report, model_args, run_until_marker
 
 Cli = Callable[..., CliResult]
 Fake = Callable[[Script], FakeOpenAI]
@@ -256,3 +257,36 @@ def test_a_rerun_whose_model_is_down_keeps_the_passing_runs_and_reports_the_rest
         ("error", True),
         ("passed", False),
     ]
+
+
+def test_a_rerun_interrupted_by_sigterm_keeps_every_run_it_did_not_make_again(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    tasks = _project(tmp_path)
+    (tmp_path / "agent.yaml").write_text(
+        AGENT
+        + """\
+  - name: slow
+    description: Slow.
+    parameters: {}
+    command: ["/bin/sh", "-c", "echo started > started; sleep 300"]
+"""
+    )
+    out = tmp_path / "results"
+    cli("run", tasks, *model_args(fake_model(_script({"Do beta."}))), "--out", out)
+    before = [r for r in _records(out) if r["task"] != "beta"]
+
+    def hangs(request: dict[str, Any]) -> Any:
+        return tool_call("slow", {}) if turn(request) == 0 else text("never")
+
+    proc = run_until_marker(
+        tasks, fake_model(hangs), out, tmp_path / "started", "--rerun-failed", str(out)
+    )
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    check_report(out / "junit.xml")
+    assert [r for r in _records(out) if r["task"] != "beta"] == before
+    assert _cases(out) == {"alpha": "passed", "beta": "error", "gamma": "passed"}
+    beta = [r for r in _records(out) if r["task"] == "beta" and r["kind"] == "task"]
+    assert [(r["status"], r["rerun"]) for r in beta] == [("error", True)]
