@@ -95,7 +95,14 @@ def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
                 f"{where}: its summary.json's plan.shard is not K/N: {one_line(text or '', 40)}"
             ) from None
     again = previous.not_passed
-    runs = tuple(replace(r, rerun=True) for r in plan.runs if masker.text(r.run_id) in again)
+    # A run made again takes the place of the one it replaces, also when tasks were added
+    # since: the order of the reports stays DIR's.
+    index = {r.run_id: r.index for r in previous.results}
+    runs = tuple(
+        replace(r, rerun=True, index=index[masker.text(r.run_id)])
+        for r in plan.runs
+        if masker.text(r.run_id) in again
+    )
     in_plan = {masker.text(r.run_id) for r in plan.runs}
     absent = [r for r in plan.runs if masker.text(r.run_id) not in previous.run_ids]
     kept_failing = sorted(again - in_plan)
@@ -114,6 +121,22 @@ def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
     if not runs:
         click.echo(f"mm-batch: nothing to rerun: no run of this plan failed in {where}", err=True)
     return replace(plan, runs=runs, shard=shard, whole_runs=previous.coverage["whole_runs"])
+
+
+def warn_if_changed(previous: Previous, provenance: dict[str, Any]) -> None:
+    """Say so when the files differ from those that made DIR: its kept runs ran those."""
+
+    def digests(facts: dict[str, Any]) -> dict[str, str]:
+        return {k: str(v) for k, v in facts.items() if k.startswith("sha256:")}
+
+    before, now = digests(previous.summary["provenance"]), digests(provenance)
+    changed = [k.removeprefix("sha256:") for k, v in now.items() if before.get(k) != v]
+    if changed:
+        click.echo(
+            f"mm-batch: {one_line(', '.join(changed), 200)} changed since {previous.directory} "
+            "was made: its kept runs ran the earlier version",
+            err=True,
+        )
 
 
 def kept_records(previous: Previous, again: Collection[str]) -> list[dict[str, Any]]:

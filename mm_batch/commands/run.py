@@ -23,6 +23,7 @@ from mm_batch.commands.rerun import (
     read_previous,
     rerun_junit,
     rerun_plan,
+    warn_if_changed,
     with_previous,
 )
 from mm_batch.commands.signals import cancel_on_signals
@@ -125,6 +126,7 @@ def run(
     previous = None if rerun_from is None else read_previous(rerun_from)
     if previous is not None:  # read whole now: it may be the folder about to be replaced
         plan = rerun_plan(plan, previous, masker)
+        warn_if_changed(previous, facts)
         facts["rerun_of"] = str(previous.summary["provenance"].get("started_at", "unknown"))
     kept = "" if previous is None else f" ({len(previous.results) - len(plan.runs)} kept)"
     click.echo(

@@ -290,3 +290,23 @@ def test_a_rerun_interrupted_by_sigterm_keeps_every_run_it_did_not_make_again(
     assert _cases(out) == {"alpha": "passed", "beta": "error", "gamma": "passed"}
     beta = [r for r in _records(out) if r["task"] == "beta" and r["kind"] == "task"]
     assert [(r["status"], r["rerun"]) for r in beta] == [("error", True)]
+
+
+def test_a_task_added_since_keeps_dir_s_order_and_the_changed_file_is_named(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    tasks = _project(tmp_path)
+    out = tmp_path / "results"
+    cli("run", tasks, *model_args(fake_model(_script({"Do beta."}))), "--out", out)
+    added = "tasks:\n  - id: aardvark\n    prompt: Do aardvark.\n"
+    tasks.write_text(TASKS.replace("tasks:\n", added, 1))
+    fake = fake_model(_script(set()))
+    again = cli("run", tasks, *model_args(fake), "--rerun-failed", out, "--out", out)
+    assert again.code == 0, again.err
+    assert "tasks.yaml changed since" in again.err
+    assert "1 run(s) of the plan are not in" in again.err  # aardvark: never run before
+    assert _asked(fake) == ["Do beta."]
+    check_report(out / "junit.xml")
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert [(r["task"], r["index"]) for r in runs] == [("alpha", 0), ("beta", 1), ("gamma", 2)]
+    assert list(_cases(out)) == ["alpha", "beta", "gamma"]
