@@ -93,6 +93,15 @@ def _overrides(**options: Any) -> Any:
     )
 
 
+RERUN_OPTION = click.option(
+    "--rerun-failed",
+    "rerun_from",
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Run only the runs that failed or erred in the results folder DIR; keep its others.",
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mm-batch")
 def cli() -> None:
@@ -121,13 +130,7 @@ Exit codes:
     show_default=True,
     help="Results folder; its previous results are replaced.",
 )
-@click.option(
-    "--rerun-failed",
-    "rerun_from",
-    metavar="DIR",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Run only the runs that failed or erred in the results folder DIR; keep its others.",
-)
+@RERUN_OPTION
 def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
     from mm_batch.effects.litellm import start_litellm_import
@@ -142,11 +145,12 @@ def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any
 @cli.command()
 @click.argument("tasks_file", type=_EXISTING_FILE)
 @plan_options
-def plan(tasks_file: Path, **options: Any) -> None:
+@RERUN_OPTION
+def plan(tasks_file: Path, rerun_from: Path | None, **options: Any) -> None:
     """List the runs that `run` would do with the same options; run nothing."""
     from mm_batch.commands import inspect
 
-    sys.exit(inspect.plan(tasks_file, _overrides(**options)))
+    sys.exit(inspect.plan(tasks_file, _overrides(**options), rerun_from))
 
 
 @cli.command()

@@ -49,11 +49,16 @@ def tools(path: Path) -> int:
     return ExitCode.PASSED
 
 
-def plan(path: Path, overrides: Overrides) -> int:
+def plan(path: Path, overrides: Overrides, rerun_from: Path | None = None) -> int:
     """List the runs a `run` with the same options would do; run nothing."""
     tasks_file = load_tasks(path)
     the_plan = make_plan(tasks_file, overrides)
     show_warnings(tasks_file.warnings)
+    if rerun_from is not None:
+        from mm_batch.commands.rerun import read_previous, rerun_plan
+        from mm_batch.commands.run import masker_of
+
+        the_plan = rerun_plan(the_plan, read_previous(rerun_from), masker_of(tasks_file))
     for run in the_plan.runs:
         where = "host" if run.sandbox.kind == "host" else f"docker:{run.sandbox.image}"
         mode = "yolo" if run.yolo else "allowlist"

@@ -28,6 +28,7 @@ from mm_batch.commands.rerun import (
 )
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
+from mm_batch.config.model import TasksFile
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.litellm import litellm_version
@@ -84,6 +85,11 @@ def _check_out_dir(plan: Plan, out_dir: Path) -> None:
             )
 
 
+def masker_of(tasks_file: TasksFile) -> Masker:
+    """What a run masks: mm-batch's secret-named env vars and every agent's `${VAR}` values."""
+    return Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
+
+
 def provenance(plan: Plan) -> dict[str, Any]:
     files = {display_path(plan.tasks_file.path): plan.tasks_file.sha256}
     files.update({display_path(a.path): a.sha256 for a in plan.tasks_file.agents})
@@ -118,7 +124,7 @@ def run(
     if problem is not None:
         raise PlanError(problem)
     _check_out_dir(plan, out_dir)
-    masker = Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
+    masker = masker_of(tasks_file)
     cancel = threading.Event()
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).

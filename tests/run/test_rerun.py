@@ -310,3 +310,16 @@ def test_a_task_added_since_keeps_dir_s_order_and_the_changed_file_is_named(
     runs = json.loads((out / "summary.json").read_text())["runs"]
     assert [(r["task"], r["index"]) for r in runs] == [("alpha", 0), ("beta", 1), ("gamma", 2)]
     assert list(_cases(out)) == ["alpha", "beta", "gamma"]
+
+
+def test_plan_with_rerun_failed_lists_just_the_runs_a_rerun_would_make(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    tasks = _project(tmp_path)
+    base = tmp_path / "base"
+    cli("run", tasks, *model_args(fake_model(_script({"Do beta."}))), "--out", base)
+    fake = fake_model(_script(set()))
+    listed = cli("plan", tasks, *model_args(fake), "--rerun-failed", base)
+    assert listed.code == 0, listed.err
+    assert [line.split("\t")[0] for line in listed.out.splitlines()] == ["beta[hosted_vllm/fake]#1"]
+    assert fake.requests == []
