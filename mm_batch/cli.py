@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -90,7 +91,19 @@ def _overrides(**options: Any) -> Any:
         image=options["image"],
         filter=options["filter_"],
         shard=parse_shard(options["shard"]) if options["shard"] else None,
+        max_cost=options.get("max_cost"),  # `run` only
     )
+
+
+def _positive_usd(
+    _ctx: click.Context, _param: click.Parameter, value: float | None
+) -> float | None:
+    """`--max-cost`: a finite amount above 0 (click's float also reads `nan` and `inf`)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(
+            f"a number of USD above 0 is needed, got {value}", param_hint="--max-cost"
+        )
+    return value
 
 
 RERUN_OPTION = click.option(
@@ -129,6 +142,14 @@ Exit codes:
     default=Path("mm-batch-results"),
     show_default=True,
     help="Results folder; its previous results are replaced.",
+)
+@click.option(
+    "--max-cost",
+    metavar="USD",
+    type=float,
+    callback=_positive_usd,
+    help="Start no new run once the batch has spent this much (litellm's prices); "
+    "the runs not started are errors.",
 )
 @RERUN_OPTION
 def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any) -> None:

@@ -40,6 +40,7 @@ class Overrides:
     image: str | None = None
     filter: str | None = None
     shard: tuple[int, int] | None = None
+    max_cost: float | None = None  # USD; `run --max-cost`
 
 
 DEFAULT_MODEL_TIMEOUT_S = 120.0
@@ -82,6 +83,7 @@ class Plan:
     min_pass_rate: float
     shard: tuple[int, int] | None
     whole_runs: int  # runs of the whole plan, every shard together
+    max_cost: float | None = None  # USD the batch may spend before it starts no more runs
 
     @property
     def coverage(self) -> dict[str, Any]:
@@ -205,4 +207,5 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
         min_pass_rate=tasks_file.min_pass_rate,
         shard=overrides.shard,
         whole_runs=whole_runs,
+        max_cost=overrides.max_cost,
     )

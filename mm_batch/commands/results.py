@@ -56,7 +56,18 @@ def _is_run(run: object) -> bool:
         and is_number(run["duration_s"])
         and run["duration_s"] >= 0
         and isinstance(run.get("rerun", False), bool)
+        # Absent from results written before they were counted, null where unknown.
+        and all(_is_count(run.get(k)) for k in ("prompt_tokens", "completion_tokens"))
+        and _is_usd(run.get("cost_usd"))
     )
+
+
+def _is_count(value: object) -> bool:
+    return value is None or (type(value) is int and value >= 0)
+
+
+def _is_usd(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and is_number(value) and value >= 0)
 
 
 def _is_summary(data: object) -> bool:

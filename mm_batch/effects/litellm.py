@@ -8,6 +8,7 @@ import functools
 import gc
 import importlib.metadata
 import json
+import math
 import os
 import random
 import re
@@ -374,6 +375,48 @@ def _arguments(value: object) -> str | None:
         return str(value)
 
 
+def _usd(value: object) -> float | None:
+    """A cost as litellm gives it: a finite amount of at least 0, else unknown."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        amount = float(value)
+        if math.isfinite(amount) and amount >= 0:
+            return amount
+    return None
+
+
+def _cost_usd(response: Any) -> float | None:
+    """What the turn cost by litellm's bundled price map (offline: see `_import_offline`);
+    None where it knows no price for the model. litellm prices each completion as it builds
+    it (`response_cost` in its hidden params, None when it found no price): that figure is
+    read, and only a response without one is priced again. A reply from a cache cost nothing.
+    A lookup that raises is an unknown cost, never the end of a run."""
+    if _cache_hit(response):
+        return 0.0
+    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(hidden, dict) and "response_cost" in hidden:
+        return _usd(hidden["response_cost"])
+    try:
+        return _usd(load_litellm().completion_cost(completion_response=response))
+    except Exception:
+        return None
+
+
+def knows_price(model: str) -> bool:
+    """Whether litellm's bundled price map has a price for the model's tokens (never for a
+    `local/` model, whose server litellm reaches as an unpriced `hosted_vllm/` one)."""
+    try:
+        info = load_litellm().get_model_info(model)
+    except Exception:  # litellm raises when the model is not in its map
+        return False
+    return any(_usd(info.get(k)) for k in ("input_cost_per_token", "output_cost_per_token"))
+
+
+def _cache_hit(response: Any) -> bool:
+    """Whether litellm answered from the response cache rather than asking the model."""
+    hidden = getattr(response, "_hidden_params", None)
+    return isinstance(hidden, dict) and hidden.get("cache_hit") is True
+
+
 def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
     """The first choice as a `ModelReply`; a reply that has none is a `ModelError`."""
     choices = getattr(response, "choices", None)
@@ -405,4 +448,5 @@ def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
         completion_tokens=_count(getattr(usage, "completion_tokens", None)),
         latency_s=latency_s,
         attempts=attempts,
+        cost_usd=_cost_usd(response),
     )

@@ -7,10 +7,12 @@ import string
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from mm_batch.errors import ExitCode
-from mm_batch.run.records import RunResult
+from mm_batch.run.records import RunResult, usd
+
+Amount = TypeVar("Amount", int, float)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,27 @@ class ModelLine:
     failed: int
     errors: int
     mean_s: float
+    # Summed over the model's runs; None when any run's is unknown (no price, older results).
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cost_usd: float | None
+
+    @property
+    def tokens(self) -> str:
+        """Prompt/completion tokens, as the tables show them ("-" where unknown)."""
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return "-"
+        return f"{self.prompt_tokens}/{self.completion_tokens}"
+
+    @property
+    def cost(self) -> str:
+        return "-" if self.cost_usd is None else usd(self.cost_usd)
+
+
+def _total(values: Sequence[Amount | None]) -> Amount | None:
+    """The sum, or None when any value is unknown."""
+    known = [v for v in values if v is not None]
+    return sum(known) if len(known) == len(values) else None
 
 
 def task_verdicts(results: Sequence[RunResult], min_pass_rate: float) -> list[TaskVerdict]:
@@ -83,6 +106,9 @@ def model_lines(results: Sequence[RunResult]) -> list[ModelLine]:
             sum(r.status == "failed" for r in rs),
             sum(r.status == "error" for r in rs),
             sum(r.duration_s for r in rs) / len(rs),
+            _total([r.prompt_tokens for r in rs]),
+            _total([r.completion_tokens for r in rs]),
+            _total([r.cost_usd for r in rs]),
         )
         for model, rs in groups.items()
     ]
@@ -119,6 +145,9 @@ def summary_json(
                 "failed": m.failed,
                 "errors": m.errors,
                 "mean_s": round(m.mean_s, 3),
+                "prompt_tokens": m.prompt_tokens,
+                "completion_tokens": m.completion_tokens,
+                "cost_usd": _rounded_usd(m.cost_usd),
             }
             for m in model_lines(results)
         ],
@@ -153,7 +182,15 @@ def run_entry(result: RunResult) -> dict[str, Any]:
         "line": result.line,
         "index": result.index,
         "rerun": result.rerun,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "cost_usd": _rounded_usd(result.cost_usd),
     }
+
+
+def _rounded_usd(amount: float | None) -> float | None:
+    """To a millionth of a cent: what a float sum adds beyond that is noise."""
+    return None if amount is None else round(amount, 8)
 
 
 def run_result(entry: Mapping[str, Any]) -> RunResult:
@@ -173,6 +210,10 @@ def run_result(entry: Mapping[str, Any]) -> RunResult:
         line=entry["line"],
         index=entry["index"],
         rerun=entry.get("rerun") is True,
+        # Absent from results written before tokens and cost were counted: unknown.
+        prompt_tokens=entry.get("prompt_tokens"),
+        completion_tokens=entry.get("completion_tokens"),
+        cost_usd=entry.get("cost_usd"),
     )
 
 
@@ -246,13 +287,13 @@ def summary_markdown(
     lines = [
         f"## mm-batch: {markdown_text(suite)}",
         "",
-        "| Model | Passes/runs | Failed | Errors | Mean s per task |",
-        "|-------|-------------|--------|--------|-----------------|",
+        "| Model | Passes/runs | Failed | Errors | Mean s per task | Tokens in/out | Cost USD |",
+        "|-------|-------------|--------|--------|-----------------|---------------|----------|",
     ]
     for m in model_lines(results):
         lines.append(
             f"| {markdown_text(m.model)} | {m.passed}/{m.runs} | {m.failed} | {m.errors} "
-            f"| {m.mean_s:.1f} |"
+            f"| {m.mean_s:.1f} | {m.tokens} | {m.cost} |"
         )
     tolerated = set() if min_pass_rate is None else flaky_runs(results, min_pass_rate)
     not_passed = [r for r in results if r.status != "passed"]
@@ -268,7 +309,7 @@ def summary_markdown(
 
 
 def terminal_table(results: Sequence[RunResult]) -> str:
-    rows = [("model", "passed/runs", "failed", "errors", "mean s")]
+    rows = [("model", "passed/runs", "failed", "errors", "mean s", "tokens in/out", "cost usd")]
     rows += [
         (
             one_line(m.model),
@@ -276,10 +317,12 @@ def terminal_table(results: Sequence[RunResult]) -> str:
             str(m.failed),
             str(m.errors),
             f"{m.mean_s:.1f}",
+            m.tokens,
+            m.cost,
         )
         for m in model_lines(results)
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
     )

@@ -3,17 +3,21 @@
 Whatever a task run raises, in whatever thread, becomes that run's `error` result; a run that
 outlives its timeout by more than the grace is given up on as failed; a cancelled batch reports
 its unfinished runs as errors. The batch always returns one result per run: none vanishes.
+With a cost limit, a run about to start once the batch has spent that much is closed as an
+error instead: the runs already started finish.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
@@ -27,13 +31,14 @@ from mm_batch.run.ports import (
     SandboxError,
 )
 from mm_batch.run.pristine import Pristine
-from mm_batch.run.records import Recorder, RunRecorder, RunResult, Status
+from mm_batch.run.records import Recorder, RunRecorder, RunResult, Status, usage, usd
 from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
 
 # After a cancel, how long running task runs get to stop before they are reported as errors.
 CANCEL_GRACE_S = 3.0
 # How long past its timeout a task run may take to wind down before it is given up on.
 OVERRUN_GRACE_S = 4.0
+COST_LIMIT_REASON = "cost limit reached"
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class Effects:
     hooks: HookRunner  # runs hooks on the host, wherever the tools run
     mcp: McpClient
     shutdown: Callable[[], None] = lambda: None  # on the way out, whatever happened
+    # Whether litellm has a price for a model's calls: those of a model it has none for cannot
+    # count against a cost limit.
+    priced: Callable[[str], bool] = lambda _model: True
 
 
 class _Slot:
@@ -68,6 +76,51 @@ class _Slot:
             trace=trace,
         )
 
+    def counted(self, result: RunResult) -> RunResult:
+        """The result with the tokens and cost of the run's model turns."""
+        return usage(result, self.recorder.turns())
+
+
+class _Spending:
+    """What the batch has spent (USD), summed from the model records as every run's thread
+    writes them: a run about to start sees what the runs in flight have spent so far."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._lock = threading.Lock()
+        self._spent = 0.0
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._recorder.write(record)
+        cost = record.get("cost_usd")  # 0 for a reply from a cache; None where unpriced
+        if record.get("kind") == "model" and isinstance(cost, float | int):
+            with self._lock:
+                self._spent += cost
+
+    def limit_reached(self, max_cost: float | None) -> str | None:
+        """The reason a run is not started, once what was spent reaches `max_cost`."""
+        with self._lock:
+            spent = self._spent
+        if max_cost is None or spent < max_cost:
+            return None
+        return f"{COST_LIMIT_REASON}: {usd(spent)} USD spent of {usd(max_cost)}"
+
+
+def _warn_unpriced(plan: Plan, priced: Callable[[str], bool], masker: Masker) -> None:
+    """With a cost limit, say once per model that litellm knows no price for its calls."""
+    if plan.max_cost is None:
+        return
+    for model in plan.models:
+        if not priced(model):
+            print(
+                masker.text(
+                    f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
+                    "be counted against --max-cost"
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+
 
 def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
     return {model: threading.Semaphore(n) for model, n in plan.parallel_limits.items()}
@@ -84,10 +137,12 @@ def run_batch(
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened."""
     files = pristine if pristine is not None else Pristine()
+    _warn_unpriced(plan, effects.priced, masker)
+    spending = _Spending(recorder)
     slots = [
         _Slot(
             spec,
-            RunRecorder(recorder, masker, spec.run_id, spec.task.id, spec.model, spec.repeat),
+            RunRecorder(spending, masker, spec.run_id, spec.task.id, spec.model, spec.repeat),
         )
         for spec in plan.runs
     ]
@@ -103,7 +158,7 @@ def run_batch(
         nonlocal done
         with finished:
             if slot.result is None:
-                slot.result = result
+                slot.result = result = slot.counted(result)
                 done += 1
                 with contextlib.suppress(Exception):  # a progress display never stops a batch
                     on_result(result)
@@ -120,7 +175,11 @@ def run_batch(
             if limit is not None:
                 limit.acquire()
             try:
-                settle(slot, _supervise(slot, effects, masker, cancel, files))
+                over = spending.limit_reached(plan.max_cost)
+                if over is not None:
+                    settle(slot, slot.close("error", over))
+                else:
+                    settle(slot, _supervise(slot, effects, masker, cancel, files))
             except BaseException as exc:  # never lose a run, even to a bug of the supervisor
                 settle(slot, slot.close("error", internal_error(exc), traceback.format_exc()))
             finally:
@@ -151,7 +210,7 @@ def run_batch(
     for slot in slots:
         if slot.result is None:
             reason = INTERRUPTED if cancel.is_set() else "internal error: the run never started"
-            slot.result = slot.close("error", reason)
+            slot.result = slot.counted(slot.close("error", reason))
     return [s.result for s in slots if s.result is not None]
 
 

@@ -245,5 +245,6 @@ class AgentLoop:
                 tool_calls=tuple(CallAsked(c.name, c.raw_arguments) for c in reply.tool_calls),
                 content=reply.text,
                 attempts=reply.attempts,
+                cost_usd=reply.cost_usd,
             )
         )

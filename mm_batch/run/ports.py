@@ -110,6 +110,7 @@ class ModelReply:
     completion_tokens: int | None
     latency_s: float
     attempts: int = 1
+    cost_usd: float | None = None  # by litellm's bundled price map; None where it knows none
 
 
 class ModelError(Exception):

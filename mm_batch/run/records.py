@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -147,6 +147,7 @@ class ModelRecord:
     tool_calls: tuple[CallAsked, ...]
     content: str | None
     attempts: int
+    cost_usd: float | None = None  # None where litellm knows no price for the model
 
     def fields(self, masker: Masker) -> dict[str, Any]:
         return {
@@ -160,6 +161,7 @@ class ModelRecord:
             ],
             "content": _text(masker, self.content),
             "attempts": self.attempts,
+            "cost_usd": self.cost_usd,
         }
 
 
@@ -213,6 +215,29 @@ class RunResult:
     index: int = 0  # the run's position in the whole plan
     failed_calls: tuple[str, ...] = ()  # the lines of `calls` that exited non-zero with stderr
     rerun: bool = False  # run again by `--rerun-failed`
+    # What the run's model turns used, summed; None where unknown (a cost litellm could not
+    # price, a run read back from results written before these were counted).
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+def usd(amount: float) -> str:
+    """An amount of USD in plain decimals (up to 8 places, no exponent): 0.0000135, 1.25."""
+    text = f"{amount:.8f}".rstrip("0").rstrip(".")
+    return text if text not in ("", "-0") else "0"
+
+
+def usage(result: RunResult, turns: Sequence[ModelRecord]) -> RunResult:
+    """The result with what its model turns used: the tokens they reported, and their cost,
+    unknown (None) when any turn's is."""
+    known = [t.cost_usd for t in turns if t.cost_usd is not None]
+    return replace(
+        result,
+        prompt_tokens=sum(t.prompt_tokens or 0 for t in turns),
+        completion_tokens=sum(t.completion_tokens or 0 for t in turns),
+        cost_usd=sum(known) if len(known) == len(turns) else None,
+    )
 
 
 class Recorder(Protocol):
@@ -272,3 +297,7 @@ class RunRecorder:
     def tools(self) -> Sequence[ToolRecord]:
         with self._lock:
             return [r for r in self.records if isinstance(r, ToolRecord)]
+
+    def turns(self) -> Sequence[ModelRecord]:
+        with self._lock:
+            return [r for r in self.records if isinstance(r, ModelRecord)]
