@@ -236,7 +236,7 @@ def usage(result: RunResult, turns: Sequence[ModelRecord]) -> RunResult:
         result,
         prompt_tokens=sum(t.prompt_tokens or 0 for t in turns),
         completion_tokens=sum(t.completion_tokens or 0 for t in turns),
-        cost_usd=sum(known) if len(known) == len(turns) else None,
+        cost_usd=float(sum(known)) if len(known) == len(turns) else None,
     )
 
 

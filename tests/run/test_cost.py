@@ -204,6 +204,7 @@ def test_max_cost_starts_no_run_once_the_batch_spent_it(
         assert runs[task]["status"] == "error"
         assert runs[task]["reason"].startswith("cost limit reached: "), runs[task]
         assert (runs[task]["prompt_tokens"], runs[task]["cost_usd"]) == (0, 0.0)
+        assert isinstance(runs[task]["cost_usd"], float)
     later = [r for r in read_calls(out) if r["task"] != "t1"]
     assert [r["kind"] for r in later] == ["task"] * 3  # no model turn, no tool call
     cases = {c.get("name"): c for c in ET.parse(out / "junit.xml").getroot().iter("testcase")}
@@ -289,3 +290,32 @@ def test_a_merge_of_shards_keeps_tokens_and_cost(
         ({f: r[f] for f in fields} for r in parts), key=by_run
     )
     assert "| 50/25 |" in (merged / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("prompt_tokens", -1),
+        ("prompt_tokens", 1.5),
+        ("completion_tokens", True),
+        ("completion_tokens", "10"),
+        ("cost_usd", -0.5),
+        ("cost_usd", "0.1"),
+        ("cost_usd", False),
+    ],
+)
+def test_a_merge_refuses_a_shard_with_hostile_usage(
+    cli: Cli, fake_model: Fake, tmp_path: Path, key: str, value: object
+) -> None:
+    tasks = _suite(tmp_path, PROMPTS[:2])
+    fake = fake_model(_script())
+    shards = [tmp_path / "shard1", tmp_path / "shard2"]
+    for k, shard in enumerate(shards, 1):
+        assert cli("run", tasks, *_model(fake), "--shard", f"{k}/2", "--out", shard).code == 0
+    path = shards[1] / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary["runs"][0][key] = value
+    path.write_text(json.dumps(summary), encoding="utf-8")
+    result = cli("merge", *shards, "--out", tmp_path / "merged")
+    assert result.code == 2, result.err
+    assert f"{path}: not an mm-batch summary" in result.err
