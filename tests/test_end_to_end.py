@@ -76,6 +76,9 @@ def test_release_example_passes_and_writes_the_outputs(
         "failed": 0,
         "errors": 0,
         "mean_s": summary["models"][0]["mean_s"],
+        "prompt_tokens": 10 * len(fake.requests),  # the fake's usage: 10 and 5 tokens a turn
+        "completion_tokens": 5 * len(fake.requests),
+        "cost_usd": None,  # litellm knows no price for hosted_vllm/fake
     }
     assert "| hosted_vllm/fake | 6/6 |" in (out / "summary.md").read_text()
     # The tools and the closing sentence reached the model through litellm.

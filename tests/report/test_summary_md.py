@@ -223,7 +223,7 @@ def test_summary_shows_every_field_as_text() -> None:
         assert tag not in page, (tag, page)
     parsed = cells(markdown)
     body = [seen(c) for c in parsed.cells]
-    assert body[5] == hostile  # the model cell of the per-model table
+    assert body[7] == hostile  # the model cell of the per-model table (after 7 header cells)
     assert body.count(f"{hostile} | `why` |") == 2  # both reasons, newline flattened
     assert f"t-0[{hostile}]#1" in body and f"t-1[{hostile}]#1" in body
     heading = re.search(r"<h2>(.*?)</h2>", page)

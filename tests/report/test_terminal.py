@@ -37,7 +37,7 @@ from tests.conftest import CliResult, model_args, write
 
 Cli = Callable[..., CliResult]
 Fake = Callable[[Script], FakeOpenAI]
-TABLE_HEADER = re.compile(r"^model +passed/runs +failed +errors +mean s$")
+TABLE_HEADER = re.compile(r"^model +passed/runs +failed +errors +mean s +tokens in/out +cost usd$")
 LIVE = re.compile(r"(\d+)/(\d+) done, \d+ passed, \d+ failed, \d+ errors, (\d+) s elapsed")
 
 
