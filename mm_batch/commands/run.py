@@ -31,7 +31,7 @@ from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.model import TasksFile
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker
-from mm_batch.effects.litellm import litellm_version
+from mm_batch.effects.litellm import knows_price, litellm_version
 from mm_batch.effects.mcp import MCP_EXTRA_HINT
 from mm_batch.effects.mcp import installed as mcp_installed
 from mm_batch.errors import ExitCode
@@ -82,6 +82,22 @@ def _check_out_dir(plan: Plan, out_dir: Path) -> None:
                 f"--out {out_dir} lies inside {display_path(mounted)}, which the sandbox mounts "
                 "read-write (workspace: mount): a command could replace it; write the results "
                 "elsewhere, or use workspace: copy"
+            )
+
+
+def _warn_unpriced(plan: Plan, masker: Masker) -> None:
+    """With a cost limit, say once per model that litellm knows no price for its calls (they
+    count 0); before the first run, so that the live progress line does not cut it."""
+    if plan.max_cost is None:
+        return
+    for model in plan.models:
+        if not knows_price(model):
+            click.echo(
+                masker.text(
+                    f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
+                    "be counted against --max-cost"
+                ),
+                err=True,
             )
 
 
@@ -149,6 +165,7 @@ def run(
         try:
             # A missing local extra or model stops here, before any result is replaced.
             effects = effects or default_effects(plan, out_dir)
+            _warn_unpriced(plan, masker)  # litellm is imported by now
             folder = ResultsFolder(out_dir)
             try:
                 folder.clear()

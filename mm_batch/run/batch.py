@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -50,9 +49,6 @@ class Effects:
     hooks: HookRunner  # runs hooks on the host, wherever the tools run
     mcp: McpClient
     shutdown: Callable[[], None] = lambda: None  # on the way out, whatever happened
-    # Whether litellm has a price for a model's calls: those of a model it has none for cannot
-    # count against a cost limit.
-    priced: Callable[[str], bool] = lambda _model: True
 
 
 class _Slot:
@@ -106,22 +102,6 @@ class _Spending:
         return f"{COST_LIMIT_REASON}: {usd(spent)} USD spent of {usd(max_cost)}"
 
 
-def _warn_unpriced(plan: Plan, priced: Callable[[str], bool], masker: Masker) -> None:
-    """With a cost limit, say once per model that litellm knows no price for its calls."""
-    if plan.max_cost is None:
-        return
-    for model in plan.models:
-        if not priced(model):
-            print(
-                masker.text(
-                    f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
-                    "be counted against --max-cost"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-
-
 def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
     return {model: threading.Semaphore(n) for model, n in plan.parallel_limits.items()}
 
@@ -137,7 +117,6 @@ def run_batch(
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened."""
     files = pristine if pristine is not None else Pristine()
-    _warn_unpriced(plan, effects.priced, masker)
     spending = _Spending(recorder)
     slots = [
         _Slot(

@@ -7,7 +7,6 @@ costs what litellm's bundled price map says; under `hosted_vllm/fake` litellm kn
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import operator
 import xml.etree.ElementTree as ET
@@ -18,10 +17,8 @@ from typing import Any
 import pytest
 
 from mm_batch.commands import run as run_command
-from mm_batch.commands.effects import default_effects
-from mm_batch.config.load import load_tasks
 from mm_batch.effects import litellm as litellm_effects
-from mm_batch.plan import Overrides, make_plan
+from mm_batch.plan import Overrides
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     Script,
@@ -250,11 +247,7 @@ def test_an_unpriced_model_under_max_cost_is_warned_about_once(
     fake = fake_model(_script())
     options = {"api_base": fake.url, "api_key": "not-a-real-key"}
     overrides = Overrides(models=(UNPRICED, PRICED), model_options=options, max_cost=1.0)
-    plan = make_plan(load_tasks(tasks), overrides)
-    effects = dataclasses.replace(
-        default_effects(plan, tmp_path / "out"), priced=litellm_effects.knows_price
-    )
-    code = run_command.run(tasks, overrides, tmp_path / "out", effects=effects)
+    code = run_command.run(tasks, overrides, tmp_path / "out")
     assert code == 0
     err = capsys.readouterr().err
     warning = f"litellm knows no price for {UNPRICED}: its calls cannot be counted"
