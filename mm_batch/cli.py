@@ -92,6 +92,8 @@ def _overrides(**options: Any) -> Any:
         filter=options["filter_"],
         shard=parse_shard(options["shard"]) if options["shard"] else None,
         max_cost=options.get("max_cost"),  # `run` only
+        cache=options.get("cache"),  # `run` only
+        cache_mode=options.get("cache_mode"),  # `run` only
     )
 
 
@@ -142,6 +144,18 @@ Exit codes:
     default=Path("mm-batch-results"),
     show_default=True,
     help="Results folder; its previous results are replaced.",
+)
+@click.option(
+    "--cache",
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Cache model responses in DIR, keyed by the exact request: a rerun with the same "
+    "requests asks no model (tools still run). Overrides cache: in the tasks file.",
+)
+@click.option(
+    "--cache-mode",
+    type=click.Choice(["read", "write", "readwrite"]),
+    help="read: use hits, store nothing new; write: never read, store; readwrite (default): both.",
 )
 @click.option(
     "--max-cost",

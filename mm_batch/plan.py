@@ -6,12 +6,15 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import (
     DEFAULT_MODEL,
     OWN_MODEL_OPTIONS,
+    CacheMode,
+    CacheSettings,
     SandboxKind,
     SandboxSpec,
     TasksFile,
@@ -41,6 +44,8 @@ class Overrides:
     filter: str | None = None
     shard: tuple[int, int] | None = None
     max_cost: float | None = None  # USD; `run --max-cost`
+    cache: Path | None = None  # `run --cache DIR`: the folder, as given
+    cache_mode: CacheMode | None = None  # `run --cache-mode`
 
 
 DEFAULT_MODEL_TIMEOUT_S = 120.0
@@ -84,6 +89,7 @@ class Plan:
     shard: tuple[int, int] | None
     whole_runs: int  # runs of the whole plan, every shard together
     max_cost: float | None = None  # USD the batch may spend before it starts no more runs
+    cache: CacheSettings | None = None  # the model response cache; None: off
 
     @property
     def coverage(self) -> dict[str, Any]:
@@ -165,6 +171,16 @@ def _check_classnames(suite: str, models: Iterable[str]) -> None:
         first[name] = model
 
 
+def _cache_settings(tasks_file: TasksFile, overrides: Overrides) -> CacheSettings | None:
+    """The cache's folder and mode, each from the CLI or else the tasks file (CLI > tasks file)."""
+    folder = overrides.cache.absolute() if overrides.cache is not None else tasks_file.cache
+    if folder is None:
+        if overrides.cache_mode is not None:
+            raise PlanError("--cache-mode needs a cache: --cache DIR, or cache: in the tasks file")
+        return None
+    return CacheSettings(folder, overrides.cache_mode or tasks_file.cache_mode or "readwrite")
+
+
 def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
     tasks = tasks_file.tasks
     if overrides.filter is not None:
@@ -208,4 +224,5 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
         shard=overrides.shard,
         whole_runs=whole_runs,
         max_cost=overrides.max_cost,
+        cache=_cache_settings(tasks_file, overrides),
     )

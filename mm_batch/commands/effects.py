@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from mm_batch.config.local_catalog import local_model
+from mm_batch.effects.cache import cache_use, install, open_folder, uninstall
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
 from mm_batch.effects.litellm import DEADLINE_REASON, LiteLLMClient, load_litellm
@@ -114,6 +115,7 @@ class _LocalServers:
     they take turns on the CPU."""
 
     def __init__(self, plan: Plan) -> None:
+        self.cache = plan.cache
         self.servers: dict[str, LlamaServer] = {}
         self.failures: dict[str, str] = {}
         self.turns = CpuTurns()
@@ -147,7 +149,10 @@ class _LocalServers:
         server = self.servers[spec.model]
         options = {"max_tokens": MAX_TOKENS, **spec.model_options, "api_base": server.url}
         client = LiteLLMClient(
-            f"hosted_vllm/{server.model.name}", options, timeout=spec.settings.timeout
+            f"hosted_vllm/{server.model.name}",
+            options,
+            timeout=spec.settings.timeout,
+            cache=cache_use(self.cache, spec.repeat),
         )
         return _LocalClient(client, server, self.turns)
 
@@ -203,7 +208,10 @@ def _local_slots(plan: Plan) -> dict[str, int]:
 
 def default_effects(plan: Plan, out_dir: Path) -> Effects:
     """litellm clients (one per model and options, local models through their own server);
-    the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out)."""
+    the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the
+    response cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
+    # A cache folder is checked first: before any server starts.
+    cache_folder = open_folder(plan.cache) if plan.cache is not None else None
     # Before any command or container exists: nothing of this run may outlive a killed mm-batch.
     start_watchdog(containers=any(run.sandbox.kind == "docker" for run in plan.runs))
     clients: dict[str, ModelClient] = {}
@@ -214,11 +222,13 @@ def default_effects(plan: Plan, out_dir: Path) -> Effects:
     def client_for(spec: RunSpec) -> ModelClient:
         if spec.model in local.servers:
             return local.client(spec)
-        key = f"{spec.model}\0{sorted(spec.model_options.items())!r}\0{spec.settings.timeout}"
+        use = cache_use(plan.cache, spec.repeat)
+        options = sorted(spec.model_options.items())
+        key = f"{spec.model}\0{options!r}\0{spec.settings.timeout}\0{use}"
         with lock:
             if key not in clients:
                 clients[key] = LiteLLMClient(
-                    spec.model, spec.model_options, timeout=spec.settings.timeout
+                    spec.model, spec.model_options, timeout=spec.settings.timeout, cache=use
                 )
             return clients[key]
 
@@ -230,6 +240,8 @@ def default_effects(plan: Plan, out_dir: Path) -> Effects:
     def shutdown() -> None:
         sandboxes.close_all()
         local.stop_all()
+        if cache_folder is not None:
+            uninstall(load_litellm(), cache_folder)
 
     # Import litellm (seconds of CPU) and connect to the Docker engine while the local servers
     # load their models (seconds of waiting), all before the first run, so that no run's time
@@ -240,4 +252,6 @@ def default_effects(plan: Plan, out_dir: Path) -> Effects:
             pool.submit(sandboxes.prepare)
         local.start_all()
         imported.result()
+    if cache_folder is not None:
+        install(load_litellm(), cache_folder)
     return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

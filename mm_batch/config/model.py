@@ -17,6 +17,10 @@ Value = str | int | float | bool | list[Any] | dict[str, Any]
 SandboxKind = Literal["host", "docker"]
 NetworkMode = Literal["none", "bridge"]
 WorkspaceMode = Literal["copy", "mount", "readonly"]
+# The model response cache: read = use hits, store nothing new; write = never read, store;
+# readwrite = both (the default once a cache is given).
+CacheMode = Literal["read", "write", "readwrite"]
+CACHE_MODES: tuple[CacheMode, ...] = ("read", "write", "readwrite")
 
 PARAM_TYPES: tuple[ParamType, ...] = ("string", "integer", "number", "boolean")  # in files
 RESERVED_TOOL_NAMES = frozenset(
@@ -178,6 +182,14 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
+class CacheSettings:
+    """Where model responses are cached (an absolute folder, resolved once), and how."""
+
+    folder: Path
+    mode: CacheMode = "readwrite"
+
+
+@dataclass(frozen=True)
 class TasksFile:
     path: Path
     sha256: str
@@ -186,6 +198,8 @@ class TasksFile:
     repeat: int = 1
     jobs: int = 4
     min_pass_rate: float = 1.0
+    cache: Path | None = None  # `cache:`, absolute (given relative to the tasks file)
+    cache_mode: CacheMode | None = None  # `cache_mode:`, only beside `cache:`
 
     @property
     def agents(self) -> tuple[AgentConfig, ...]:

@@ -6,14 +6,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from mm_batch.config.agent import names_a_tool, read_argv, typed_value, unknown_tool
-from mm_batch.config.fields import Fields, Key, read_fields, scalar, schema_key
+from mm_batch.config.fields import Fields, Key, one_of, read_fields, scalar, schema_key
 from mm_batch.config.model import (
+    CACHE_MODES,
     AgentConfig,
+    CacheMode,
     CallExpectation,
     Expect,
     TasksFile,
@@ -319,11 +321,37 @@ def _models(reader: Reader, at: At) -> tuple[str, ...] | None:
     return tuple(models)
 
 
+def _cache(ctx: _Tasks, at: At, _: Fields) -> Path | None:
+    """The cache folder, relative to the tasks file; it need not exist yet (a run creates it)."""
+    rel = ctx.reader.string(at, non_empty=True)
+    if rel is None:
+        return None
+    folder = ctx.base / rel  # absolute: the tasks file's folder is
+    kind = path_kind(folder)
+    if isinstance(kind, OSError):
+        ctx.reader.problem(at, unusable(kind))
+        return None
+    if kind not in ("folder", "missing"):
+        ctx.reader.problem(at, f"the cache must be a folder, and this is a file: {excerpt(rel)}")
+        return None
+    return folder
+
+
+def _cache_mode(ctx: _Tasks, at: At, top: Fields) -> CacheMode | None:
+    mode = one_of(ctx.reader, at, CACHE_MODES)
+    if mode is not None and top.given(CACHE) is None:
+        ctx.reader.problem(at, "cache_mode needs 'cache' beside it: the folder to cache in")
+        return None
+    return cast("CacheMode | None", mode)
+
+
 DEFAULT_AGENT: Key[_Tasks, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.agent_at(at))
 MODELS = scalar("models", _models)
 REPEAT = scalar("repeat", lambda r, at: r.integer(at, minimum=1, maximum=1000))
 JOBS = scalar("jobs", lambda r, at: r.integer(at, minimum=1, maximum=1024))
 MIN_PASS_RATE = scalar("min_pass_rate", _min_pass_rate)
+CACHE: Key[_Tasks, Path] = Key("cache", _cache)
+CACHE_MODE: Key[_Tasks, CacheMode] = Key("cache_mode", _cache_mode)  # after cache: it needs one
 TASKS: Key[_Tasks, tuple[TaskSpec, ...]] = Key("tasks", _tasks, required=True)
 TASKS_FILE: tuple[Key[_Tasks, Any], ...] = (
     DEFAULT_AGENT,
@@ -331,10 +359,14 @@ TASKS_FILE: tuple[Key[_Tasks, Any], ...] = (
     REPEAT,
     JOBS,
     MIN_PASS_RATE,
+    CACHE,
+    CACHE_MODE,
     TASKS,  # last: its tasks get the default agent
     schema_key(),
 )
-TASKS_ONLY_KEYS = frozenset({"tasks", "agent", "models", "repeat", "jobs", "min_pass_rate"})
+TASKS_ONLY_KEYS = frozenset(
+    {"tasks", "agent", "models", "repeat", "jobs", "min_pass_rate", "cache", "cache_mode"}
+)
 
 
 def read_tasks(
@@ -352,6 +384,8 @@ def read_tasks(
         "repeat": fields[REPEAT],
         "jobs": fields[JOBS],
         "min_pass_rate": fields[MIN_PASS_RATE],
+        "cache": fields[CACHE],
+        "cache_mode": fields[CACHE_MODE],
     }
     return TasksFile(
         path=path.resolve(),

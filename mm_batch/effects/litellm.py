@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.effects.cache import CacheUse, cache_kwargs
 from mm_batch.errors import UsageError
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
@@ -283,10 +284,12 @@ class LiteLLMClient:
         tries: int = MODEL_TRIES,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        cache: CacheUse | None = None,
     ) -> None:
         self.model = model
         self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
         self.timeout = timeout
+        self.cache = cache  # how the run uses the response cache, once `effects.cache.install` ran
         self.tries = tries
         self.backoff_s = backoff_s
         self._sleep = sleep
@@ -299,6 +302,7 @@ class LiteLLMClient:
         deadline = started + timeout
         litellm = load_litellm()
         pause_key = f"{self.model}\0{self.options.get('api_base')}"
+        cached = cache_kwargs(self.cache, self.model, messages, tools, self.options)
         last: BaseException | None = None
         for attempt in range(1, self.tries + 1):
             self._wait(SHARED_BACKOFF.remaining(pause_key), deadline)
@@ -317,6 +321,7 @@ class LiteLLMClient:
                         timeout=call_timeout,
                         num_retries=0,
                         **self.options,
+                        **cached,
                     ),
                 )
             except _OverdueError:
@@ -449,4 +454,5 @@ def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
         latency_s=latency_s,
         attempts=attempts,
         cost_usd=_cost_usd(response),
+        cached=_cache_hit(response),
     )

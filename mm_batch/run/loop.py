@@ -246,5 +246,6 @@ class AgentLoop:
                 content=reply.text,
                 attempts=reply.attempts,
                 cost_usd=reply.cost_usd,
+                cached=reply.cached,
             )
         )

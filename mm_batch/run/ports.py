@@ -111,6 +111,7 @@ class ModelReply:
     latency_s: float
     attempts: int = 1
     cost_usd: float | None = None  # by litellm's bundled price map; None where it knows none
+    cached: bool = False  # answered from the response cache: no model was asked
 
 
 class ModelError(Exception):

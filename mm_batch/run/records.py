@@ -148,6 +148,7 @@ class ModelRecord:
     content: str | None
     attempts: int
     cost_usd: float | None = None  # None where litellm knows no price for the model
+    cached: bool = False  # answered from the response cache (`run --cache`): cost 0
 
     def fields(self, masker: Masker) -> dict[str, Any]:
         return {
@@ -162,6 +163,7 @@ class ModelRecord:
             "content": _text(masker, self.content),
             "attempts": self.attempts,
             "cost_usd": self.cost_usd,
+            "cached": self.cached,
         }
 
 
