@@ -195,8 +195,8 @@ def open_folder(settings: CacheSettings) -> ResultsFolder:
         if settings.mode == "read":
             if not folder.is_dir():
                 raise UsageError(
-                    f"--cache {given}: no such folder (read mode stores nothing: give the folder "
-                    "a write or readwrite run filled)"
+                    f"the cache folder {given} does not exist (read mode only reads: fill it "
+                    "with a write or readwrite run first)"
                 )
             with os.scandir(folder):  # a folder that cannot be listed cannot be read
                 pass
@@ -207,7 +207,7 @@ def open_folder(settings: CacheSettings) -> ResultsFolder:
         return ResultsFolder(folder)
     except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of links, before 3.13
         reason = getattr(exc, "strerror", None) or exc
-        raise UsageError(f"--cache {given}: the cache cannot be used there ({reason})") from None
+        raise UsageError(f"the cache folder {given} cannot be used ({reason})") from None
 
 
 def _tolerate_missing_proxy(handler: Any) -> None:

@@ -272,11 +272,11 @@ def test_cache_usage_errors_stop_before_anything_runs(
         "run", tasks, *_model(server), "--out", out, "--cache", missing, "--cache-mode", "read"
     )
     assert result.code == 2
-    assert "no such folder" in result.err
+    assert f"the cache folder {missing} does not exist" in result.err
     a_file = write(tmp_path, "a-file", "x")
     result = cli("run", tasks, *_model(server), "--out", out, "--cache", a_file / "sub")
     assert result.code == 2
-    assert "the cache cannot be used there" in result.err
+    assert "cannot be used (Not a directory)" in result.err
     assert server.requests == [] and _tool_runs(tasks.parent) == 0 and not out.exists()
 
 
