@@ -69,20 +69,25 @@ def _check_supported(plan: Plan) -> None:
         raise PlanError(f"the agent uses MCP servers, which need the mcp extra: {MCP_EXTRA_HINT}")
 
 
-def _check_out_dir(plan: Plan, out_dir: Path) -> None:
-    """A results folder inside a read-write mounted workspace could be swapped by a command."""
-    resolved = out_dir.resolve()
+def _check_outside_mounts(plan: Plan, out_dir: Path) -> None:
+    """A results or cache folder inside a read-write mounted workspace could be swapped (or
+    the cache filled with replies of a command's making) by a command."""
+    folders = [(f"--out {out_dir}", out_dir.resolve(), "write the results elsewhere")]
+    if plan.cache is not None:
+        where = f"the cache {display_path(plan.cache.folder)}"
+        folders.append((where, plan.cache.folder.resolve(), "keep the cache elsewhere"))
     for run in plan.runs:
         sandbox = run.sandbox
         if sandbox.kind != "docker" or sandbox.workspace != "mount":
             continue
         mounted = run.task.agent.directory.resolve()
-        if resolved == mounted or mounted in resolved.parents:
-            raise PlanError(
-                f"--out {out_dir} lies inside {display_path(mounted)}, which the sandbox mounts "
-                "read-write (workspace: mount): a command could replace it; write the results "
-                "elsewhere, or use workspace: copy"
-            )
+        for what, resolved, fix in folders:
+            if resolved == mounted or mounted in resolved.parents:
+                raise PlanError(
+                    f"{what} lies inside {display_path(mounted)}, which the sandbox mounts "
+                    f"read-write (workspace: mount): a command could replace it; {fix}, or use "
+                    "workspace: copy"
+                )
 
 
 def _warn_unpriced(plan: Plan, masker: Masker) -> None:
@@ -139,7 +144,7 @@ def run(
     problem = unwritable(out_dir)  # before any server starts or any result is replaced
     if problem is not None:
         raise PlanError(problem)
-    _check_out_dir(plan, out_dir)
+    _check_outside_mounts(plan, out_dir)
     masker = masker_of(tasks_file)
     cancel = threading.Event()
     received: list[int] = []

@@ -239,6 +239,25 @@ def test_an_out_folder_inside_a_mounted_workspace_is_a_usage_error(
     assert fake.requests == []
 
 
+def test_a_cache_folder_inside_a_mounted_workspace_is_a_usage_error(
+    cli: Cli, fake_model: Fake, project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A command could fill it with replies of its making for the next run to replay."""
+    write(project, "agent.yaml", AGENT + "sandbox: {kind: docker, workspace: mount}\n")
+    tasks_file(project, "  - id: plain\n    prompt: plain\n")
+    fake = fake_model(by_prompt({}))
+    out = tmp_path_factory.mktemp("elsewhere") / "out"
+    result = cli(
+        "run", project / "tasks.yaml", *model_args(fake), "--out", out,
+        "--cache", project / "model-cache", cwd=project,
+    )  # fmt: skip
+    assert result.code == 2, result.err
+    assert "the cache" in result.err and "lies inside" in result.err
+    assert "keep the cache elsewhere" in result.err
+    assert not out.exists() and not (project / "model-cache").exists()
+    assert fake.requests == []
+
+
 def test_a_10_mib_answer_is_cut_in_every_record_and_report(
     cli: Cli, fake_model: Fake, project: Path
 ) -> None:
