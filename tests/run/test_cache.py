@@ -337,7 +337,9 @@ def test_a_damaged_or_foreign_entry_is_a_miss(
         assert len(server.requests) == 3
 
 
-def test_no_secret_reaches_the_cache(cli: Cli, fake_model: Fake, tmp_path: Path) -> None:
+def test_no_secret_reaches_the_cache(
+    cli: Cli, fake_model: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tool prints a secret of the agent's; the model echoes what it was sent. Requests are
     masked before they are sent, so neither the keys nor the stored replies hold the secret."""
     tasks = _suite(
@@ -365,22 +367,9 @@ def test_no_secret_reaches_the_cache(cli: Cli, fake_model: Fake, tmp_path: Path)
 
     server = fake_model(echo)
     cache = tmp_path / "cache"
-    os.environ["PROBE_TOKEN"] = SECRET
-    try:
-        result = cli(
-            "run",
-            tasks,
-            "--model",
-            "hosted_vllm/fake",
-            "--model-option",
-            f"api_base={server.url}",
-            "--out",
-            tmp_path / "out",
-            "--cache",
-            cache,
-        )
-    finally:
-        del os.environ["PROBE_TOKEN"]
+    monkeypatch.setenv("PROBE_TOKEN", SECRET)
+    model = ["--model", "hosted_vllm/fake", "--model-option", f"api_base={server.url}"]
+    result = cli("run", tasks, *model, "--out", tmp_path / "out", "--cache", cache)
     assert result.code == 0, result.err
     assert SECRET not in json.dumps(server.requests)
     stored = b"".join(p.read_bytes() for p in cache.iterdir())
