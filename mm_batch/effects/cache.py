@@ -98,22 +98,18 @@ def cache_kwargs(
     }
 
 
-def _read_entry(path: Path) -> bytes | None:
-    """A regular file's bytes, never through a link, never blocking (a FIFO), bounded; None
-    when there is no usable file."""
-    try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError:
-        return None
+def _read_entry(path: Path) -> bytes:
+    """A regular file's bytes, never through a link, never blocking (a FIFO), bounded: else
+    an OSError (FileNotFoundError: no entry) or a ValueError."""
+    fd = os.open(path, _READ_FLAGS)
     with os.fdopen(fd, "rb") as handle:
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
-                return None
-            data = handle.read(MAX_ENTRY_BYTES + 1)
-        except OSError:
-            return None
-    return data if len(data) <= MAX_ENTRY_BYTES else None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(MAX_ENTRY_BYTES + 1)
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError("too large")
+    return data
 
 
 def _response(entry: object, key: str) -> dict[str, Any] | None:
@@ -147,14 +143,13 @@ class FolderCache:
         if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
             return None
         name = f"{key}.json"
-        data = _read_entry(self.folder.path / name)
-        if data is None:
-            return None
         try:
-            response = _response(json.loads(data), key)
+            response = _response(json.loads(_read_entry(self.folder.path / name)), key)
             if response is not None:
                 self._check(response)
-        except Exception:  # deep nesting, huge numbers, a shape litellm cannot convert
+        except FileNotFoundError:
+            return None  # a plain miss
+        except Exception:  # a link, a FIFO, deep nesting, a shape litellm cannot convert
             response = None
         if response is None:
             self._warn(name, f"the cache entry {name} cannot be used; the model is asked instead")

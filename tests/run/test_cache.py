@@ -326,15 +326,18 @@ def test_a_damaged_or_foreign_entry_is_a_miss(
         os.mkfifo(first)
     else:
         first.symlink_to(tmp_path / "out1" / "summary.json")
+    target = (tmp_path / "out1" / "summary.json").read_bytes()
     result = _run(cli, tasks, server, tmp_path / "out2", "--cache", cache)
     assert result.code == 0, result.err
     assert len(server.requests) == 3  # the damaged turn was asked, the other was a hit
     assert sorted(t["cached"] for t in _turns(tmp_path / "out2")) == [False, True]
-    if damage in ("garbage", "foreign", "wrong_shape"):
-        assert f"the cache entry {first.name} cannot be used" in result.err
-        # The reply asked for again replaced the damaged entry: the next run hits both.
-        assert _run(cli, tasks, server, tmp_path / "out3", "--cache", cache).code == 0
-        assert len(server.requests) == 3
+    assert f"the cache entry {first.name} cannot be used" in result.err
+    # The new reply replaced the entry itself: a link's target is never written through.
+    assert first.is_file() and not first.is_symlink()
+    assert (tmp_path / "out1" / "summary.json").read_bytes() == target
+    # The reply asked for again replaced the damaged entry: the next run hits both.
+    assert _run(cli, tasks, server, tmp_path / "out3", "--cache", cache).code == 0
+    assert len(server.requests) == 3
 
 
 def test_no_secret_reaches_the_cache(
