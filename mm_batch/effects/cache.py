@@ -29,7 +29,7 @@ from mm_batch.errors import UsageError
 from mm_batch.report.files import ResultsFolder
 
 FORMAT = "mm-batch-cache/1"
-MAX_ENTRY_BYTES = 32 * 1024 * 1024  # a reply's text is kept up to 1 MiB: far more is not ours
+MAX_ENTRY_BYTES = 32 * 1024 * 1024  # far above any completion: a bigger file is not ours
 # Where and how a request is sent, not what it asks: a local model's server listens on a new
 # port each run, and a timeout or a key changes no reply. Everything else litellm is given is
 # in the key, provider-specific options too.

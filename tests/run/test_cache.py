@@ -380,9 +380,12 @@ def test_no_secret_reaches_the_cache(
     assert SECRET.encode() not in stored
 
 
-def test_the_backend_hands_litellm_only_entries_it_wrote(tmp_path: Path) -> None:
+def test_the_backend_hands_litellm_only_entries_it_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The backend alone: a key that is not ours reads nothing, a write lands atomically as
-    JSON beside nothing else, and what it hands back converts."""
+    JSON beside nothing else, what it hands back converts, and a write that fails is said
+    once, never raised into the run."""
     load_litellm()
     folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "readwrite"))
     try:
@@ -394,6 +397,13 @@ def test_the_backend_hands_litellm_only_entries_it_wrote(tmp_path: Path) -> None
         assert backend.get_cache(key) == reply
         assert backend.get_cache("../" + key) is None
         assert backend.get_cache(key.upper()) is None
+        for path in (tmp_path / "c").iterdir():
+            path.unlink()
+        (tmp_path / "c").rmdir()  # gone mid-run
+        for _ in range(2):
+            backend.set_cache(key, {"timestamp": 1.0, "response": json.dumps(reply)}, model="m")
+        assert capsys.readouterr().err.count("cannot be stored in the cache") == 1
+        assert backend.get_cache(key) is None
     finally:
         cache_module.uninstall(load_litellm(), folder)
     assert load_litellm().cache is None
