@@ -69,13 +69,21 @@ def _check_supported(plan: Plan) -> None:
         raise PlanError(f"the agent uses MCP servers, which need the mcp extra: {MCP_EXTRA_HINT}")
 
 
+def _resolved(folder: Path) -> Path:
+    """The folder's real path; one that has none (a symbolic link loop) is a usage error."""
+    try:
+        return folder.resolve()
+    except (OSError, RuntimeError) as exc:  # Python 3.11 raises RuntimeError on a loop
+        raise PlanError(f"{folder}: no real path ({exc})") from None
+
+
 def _check_outside_mounts(plan: Plan, out_dir: Path) -> None:
     """A results or cache folder inside a read-write mounted workspace could be swapped (or
     the cache filled with replies of a command's making) by a command."""
-    folders = [(f"--out {out_dir}", out_dir.resolve(), "write the results elsewhere")]
+    folders = [(f"--out {out_dir}", _resolved(out_dir), "write the results elsewhere")]
     if plan.cache is not None:
         where = f"the cache {display_path(plan.cache.folder)}"
-        folders.append((where, plan.cache.folder.resolve(), "keep the cache elsewhere"))
+        folders.append((where, _resolved(plan.cache.folder), "keep the cache elsewhere"))
     for run in plan.runs:
         sandbox = run.sandbox
         if sandbox.kind != "docker" or sandbox.workspace != "mount":

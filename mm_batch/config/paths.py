@@ -14,7 +14,7 @@ def display_path(path: Path) -> str:
     """The path as a user reads it in a message: relative to the working directory when inside."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError, RuntimeError):  # outside, or no real path (a link loop)
         return str(path)
 
 
@@ -24,7 +24,7 @@ def report_path(path: Path, environ: Mapping[str, str] | None = None) -> str:
     if workspace:
         try:
             return path.resolve().relative_to(Path(workspace).resolve()).as_posix()
-        except ValueError:
+        except (ValueError, OSError, RuntimeError):
             pass
     return Path(display_path(path)).as_posix()
 

@@ -258,6 +258,19 @@ def test_a_cache_folder_inside_a_mounted_workspace_is_a_usage_error(
     assert fake.requests == []
 
 
+@pytest.mark.parametrize("option", ["--out", "--cache"])
+def test_a_folder_behind_a_symbolic_link_loop_is_a_usage_error_not_a_bug(
+    cli: Cli, fake_model: Fake, project: Path, option: str
+) -> None:
+    tasks_file(project, "  - id: plain\n    prompt: plain\n")
+    (project / "loop").symlink_to("loop")
+    fake = fake_model(by_prompt({}))
+    result = run(cli, project, fake, option, str(project / "loop" / "folder"))
+    assert result.code == 2, result.err
+    assert "loop/folder: no real path" in result.err and "nothing ran" in result.err
+    assert fake.requests == []
+
+
 def test_a_10_mib_answer_is_cut_in_every_record_and_report(
     cli: Cli, fake_model: Fake, project: Path
 ) -> None:
