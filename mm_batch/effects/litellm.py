@@ -366,8 +366,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# A token count past this is no count (and JSON readers in JavaScript lose its digits).
+_COUNT_LIMIT = 2**53
+
+
 def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count as reported; a negative, huge or non-integer one (a hostile or broken
+    provider's) is unknown, so that every report keeps counts that add up."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT:
+        return value
+    return None
 
 
 def _arguments(value: object) -> str | None:

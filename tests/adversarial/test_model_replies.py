@@ -31,7 +31,7 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.conftest import CliResult, model_args, read_calls, write
+from tests.conftest import CliResult, check_report, model_args, read_calls, write
 
 Cli = Callable[..., CliResult]
 Fake = Callable[[Script], FakeOpenAI]
@@ -237,6 +237,22 @@ def test_a_broken_reply_is_an_error_exit_3(cli: Cli, fake_model: Fake, tmp_path:
     assert result.code == 3
     assert records[-1]["status"] == "error"
     assert records[-1]["reason"].startswith("the model sent a malformed response")
+
+
+@pytest.mark.parametrize("count", [-5, 10**40])
+def test_a_hostile_token_count_is_unknown_and_the_folder_stays_valid_and_mergeable(
+    cli: Cli, fake_model: Fake, tmp_path: Path, count: object
+) -> None:
+    usage = {"prompt_tokens": count, "completion_tokens": count, "total_tokens": count}
+    answer = completion(choices=choice(text("Done.")), usage=usage)
+    tasks = project(tmp_path)
+    result, records = run(cli, tasks, fake_model(scripted(RawReply(answer))))
+    assert result.code == 0, result.err
+    model = [r for r in records if r["kind"] == "model"]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in model] == [(None, None)]
+    check_report(tmp_path / "out" / "junit.xml")  # summary.json's counts: whole numbers >= 0
+    merged = cli("merge", tmp_path / "out", "--out", tmp_path / "merged")
+    assert merged.code == 0, merged.err
 
 
 def test_an_answer_cut_by_the_token_limit_fails_exit_1(
