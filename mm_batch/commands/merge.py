@@ -19,6 +19,7 @@ from mm_batch.commands.results import (
     read_summary,
     refusing,
 )
+from mm_batch.config.secrets import Masker
 from mm_batch.errors import ExitCode
 from mm_batch.plan import classname
 from mm_batch.report.files import (
@@ -31,7 +32,14 @@ from mm_batch.report.files import (
     unwritable,
 )
 from mm_batch.report.html import group_records, report_html
-from mm_batch.report.junit import recount, serialize, set_flaky
+from mm_batch.report.junit import (
+    DETAILS_LIMIT,
+    MESSAGE_LIMIT,
+    SYSTEM_OUT_LIMIT,
+    recount,
+    serialize,
+    set_flaky,
+)
 from mm_batch.report.summary import (
     exit_code,
     flaky_runs,
@@ -53,6 +61,7 @@ class MergeError(ResultsError):
 def results_of(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[RunResult]]:
     """Each folder's runs, in the order of `summaries`; a run in two folders is refused."""
     seen: dict[str, Path] = {}
+    indexes: dict[int, str] = {}
     folders: list[list[RunResult]] = []
     for directory, data in summaries:
         results: list[RunResult] = []
@@ -62,7 +71,13 @@ def results_of(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> list[list[Ru
                     f"run {one_line(run['run'], 120)} is in both {seen[run['run']]} and "
                     f"{directory}: shards must not overlap"
                 )
+            if run["index"] in indexes:
+                raise MergeError(
+                    f"runs {one_line(indexes[run['index']], 120)} and {one_line(run['run'], 120)} "
+                    f"share the index {run['index']}: each run has a place of its own in the plan"
+                )
             seen[run["run"]] = directory
+            indexes[run["index"]] = run["run"]
             results.append(run_result(run))
         folders.append(results)
     return folders
@@ -143,12 +158,14 @@ def _check_complete(summaries: Sequence[tuple[Path, dict[str, Any]]]) -> None:
             )
 
 
-def _merge_calls(directories: Sequence[Path]) -> tuple[str, list[dict[str, Any]]]:
+def _merge_calls(
+    folders: Sequence[tuple[Path, Sequence[RunResult]]],
+) -> tuple[str, list[dict[str, Any]]]:
     """The shards' records, one JSON object a line, and those records read (for report.html)."""
     lines: list[str] = []
     records: list[dict[str, Any]] = []
-    for directory in directories:
-        for line, record in read_records(directory / CALLS):
+    for directory, results in folders:
+        for line, record in read_records(directory / CALLS, {r.run_id for r in results}):
             lines.append(line + "\n")
             records.append(record)
     return "".join(lines), records
@@ -157,6 +174,7 @@ def _merge_calls(directories: Sequence[Path]) -> tuple[str, list[dict[str, Any]]
 _CASE_CHILDREN = ("failure", "error", "flakyFailure", "flakyError", "skipped")
 _KNOWN_CASE_CHILDREN = frozenset((*_CASE_CHILDREN, "system-out", "system-err"))
 _STATUS_OF = {
+    "skipped": "skipped",  # mm-batch never skips: agrees with no run's status
     "failure": "failed",
     "flakyFailure": "failed",
     "error": "error",
@@ -185,11 +203,35 @@ def _strange_element(case: ET.Element) -> str | None:
     """The first element in a test case that mm-batch does not write there, if any."""
     for child in case:
         if child.tag not in _KNOWN_CASE_CHILDREN:
-            return str(child.tag)
+            return f"<{one_line(str(child.tag), 60)}>"
         allowed = ("stackTrace",) if child.tag.startswith("flaky") else ()
         for grandchild in child:
             if grandchild.tag not in allowed or len(grandchild):
-                return str(grandchild.tag)
+                return f"<{one_line(str(grandchild.tag), 60)}>"
+    return None
+
+
+def _oversized(case: ET.Element) -> str | None:
+    """A text of the test case over what SPEC 7 lets mm-batch write there, if any."""
+    for element in case.iter():
+        limit = SYSTEM_OUT_LIMIT if element.tag in ("system-out", "system-err") else DETAILS_LIMIT
+        if len(element.text or "") > limit:
+            return f"a <{element.tag}> text over {limit} characters"
+        if len(element.get("message", "")) > MESSAGE_LIMIT:
+            return f"a message over {MESSAGE_LIMIT} characters"
+    return None
+
+
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+
+
+def _suite_problem(suite: ET.Element) -> str | None:
+    """What a testsuite lacks of the attributes mm-batch always writes (SPEC 7), if anything."""
+    for name in ("name", "hostname", "file"):
+        if not suite.get(name):
+            return f"has no {name}"
+    if not _RFC3339.fullmatch(suite.get("timestamp", "")):
+        return f"has a timestamp that is not RFC 3339 ({one_line(suite.get('timestamp', ''), 40)})"
     return None
 
 
@@ -211,6 +253,19 @@ class JunitPart:
         kept = tuple(c for c in self.cases if c[1].run_id not in run_ids)
         return JunitPart(self.suites, kept)
 
+    def mask(self, masker: Masker) -> None:
+        """Mask the texts of the test cases and the suites' property values, in place (the
+        secrets of this run, which the folder's own run may not have known)."""
+        for _, _, case in self.cases:
+            for element in case.iter():
+                if element.text:
+                    element.text = masker.text(element.text)
+                if "message" in element.attrib:
+                    element.set("message", masker.text(element.get("message", "")))
+        for suite in self.suites:
+            for prop in suite.iterfind("properties/property"):
+                prop.set("value", masker.text(prop.get("value", "")))
+
 
 def junit_part(
     root: ET.Element, results: Sequence[RunResult], suite_of_runs: str, directory: Path
@@ -228,6 +283,9 @@ def junit_part(
     suites: list[ET.Element] = []
     cases: list[tuple[str, RunResult, ET.Element]] = []
     for suite in root.iter("testsuite"):
+        problem = _suite_problem(suite)
+        if problem is not None:
+            raise MergeError(f"{path}: a testsuite {problem}: the folder is damaged")
         suites.append(suite)
         for case in suite.iterfind("testcase"):
             label = one_line(f"{case.get('classname')}.{case.get('name')}", 120)
@@ -240,14 +298,16 @@ def junit_part(
                     f"{path}: test case {label} is {_case_status(case)} but "
                     f"{directory / SUMMARY_JSON} says {run.status}: the folder is damaged"
                 )
-            strange = _strange_element(case)
+            strange = _strange_element(case) or _oversized(case)
             if strange is not None:
                 raise MergeError(
-                    f"{path}: test case {label} holds <{one_line(strange, 60)}> where "
-                    "mm-batch never writes one: the folder is damaged"
+                    f"{path}: test case {label} holds {strange} where mm-batch never writes "
+                    "one: the folder is damaged"
                 )
             found.add(run.run_id)
-            cases.append((suite.get("name", ""), run, _case_copy(case)))
+            copy = _case_copy(case)
+            copy.set("time", f"{run.duration_s:.3f}")  # summary.json's, checked: one source
+            cases.append((suite.get("name", ""), run, copy))
     missing = [r.run_id for r in results if r.run_id not in found]
     if missing:
         raise MergeError(f"{path}: no test case for run {one_line(missing[0], 120)}")
@@ -319,7 +379,7 @@ def _merge(directories: Sequence[Path], out_dir: Path) -> int:
         ],
         rate,
     )
-    calls, records = _merge_calls(directories)
+    calls, records = _merge_calls(list(zip(directories, folders, strict=True)))
     provenance = dict(summaries[0][1].get("provenance") or {})
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))

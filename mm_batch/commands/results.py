@@ -11,7 +11,7 @@ import contextlib
 import json
 import math
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ def _is_run(run: object) -> bool:
         and run["status"] in ("passed", "failed", "error")
         and is_number(run["duration_s"])
         and run["duration_s"] >= 0
+        and run["run"] == f"{run['task']}[{run['model']}]#{run['repeat']}"
         and isinstance(run.get("rerun", False), bool)
         # Absent from results written before they were counted, null where unknown.
         and all(_is_count(run.get(k)) for k in ("prompt_tokens", "completion_tokens"))
@@ -89,14 +90,27 @@ def _is_summary(data: object) -> bool:
     )
 
 
+# Far above any results file mm-batch writes (each text of a record is cut at 1 MiB): a
+# bigger one is not read into memory.
+RESULTS_FILE_LIMIT = 1024**3
+
+
 def read_text(path: Path) -> str:
-    """A results file's text; a link (it could point anywhere) or a damaged file is refused."""
+    """A results file's text; a link (it could point anywhere), a file over the limit or a
+    damaged file is refused."""
     if path.is_symlink():
         raise ResultsError(f"{path}: a symbolic link, not a results file: refused")
     try:
+        size = path.stat().st_size
+        if size > RESULTS_FILE_LIMIT:
+            raise ResultsError(
+                f"{path}: {size} bytes, over the {RESULTS_FILE_LIMIT} a results file may hold"
+            )
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ResultsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except MemoryError:
+        raise ResultsError(f"{path}: too large to read into this process's memory") from None
     except OSError as exc:
         raise ResultsError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
@@ -120,16 +134,45 @@ def read_summary(directory: Path) -> dict[str, Any]:
     return dict(data)
 
 
-def read_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    """calls.jsonl's records, each with its line as written; a line that is not a JSON object
-    is named, never copied."""
+_KINDS = frozenset({"model", "tool", "task"})
+# As deep as the files mm-batch reads may nest (SPEC 1): a record deeper is not one it wrote,
+# and could not be walked (masked) without exhausting the stack.
+RECORD_DEPTH_LIMIT = 64
+
+
+def _depth(value: object) -> int:
+    """How deep JSON data nests (a scalar is 0), found without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth + 1)
+            stack.extend(
+                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+    return deepest
+
+
+def read_records(path: Path, runs: Collection[str]) -> list[tuple[str, dict[str, Any]]]:
+    """calls.jsonl's records, each with its line as written. A line that is not a record of
+    one of `runs` (the runs summary.json lists) is named, never copied."""
     records: list[tuple[str, dict[str, Any]]] = []
     for number, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         record = read_json(line, f"{path}:{number}", "a JSON record")
-        if not isinstance(record, dict):
-            raise ResultsError(f"{path}:{number}: not a JSON object")
+        if not isinstance(record, dict) or record.get("kind") not in _KINDS:
+            raise ResultsError(f"{path}:{number}: not an mm-batch record")
+        if _depth(record) > RECORD_DEPTH_LIMIT:
+            raise ResultsError(
+                f"{path}:{number}: nested deeper than {RECORD_DEPTH_LIMIT}: not an mm-batch record"
+            )
+        run = record.get("run")
+        if not isinstance(run, str) or run not in runs:
+            raise ResultsError(
+                f"{path}:{number}: a record of {one_line(str(run), 120)}, a run that "
+                f"{SUMMARY_JSON} does not list: the folder is damaged"
+            )
         records.append((line, record))
     return records
 

@@ -659,10 +659,21 @@ def test_an_external_entity_in_a_shard_is_never_read(
 def test_a_run_claimed_by_two_shards_is_refused(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    first = json.loads((shards[0] / "summary.json").read_text())["runs"][0]
+    identity = {k: first[k] for k in ("run", "task", "model", "repeat")}
+    _edit_summary(shards[1], lambda d: d["runs"][0].update(identity))
+    result = _merge_refused(cli, shards, tmp_path)
+    assert f"run {first['run']} is in both {shards[0]} and {shards[1]}" in result.err
+
+
+def test_a_run_whose_id_disagrees_with_its_task_model_and_repeat_is_refused(
+    cli: Cli, shards: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The id is what reports and reruns go by, the fields what junit.xml is checked by."""
     first = json.loads((shards[0] / "summary.json").read_text())["runs"][0]["run"]
     _edit_summary(shards[1], lambda d: d["runs"][0].update(run=first))
     result = _merge_refused(cli, shards, tmp_path)
-    assert f"run {first} is in both {shards[0]} and {shards[1]}" in result.err
+    assert f"{shards[1] / 'summary.json'}: not an mm-batch summary" in result.err
 
 
 def _case_of(shard: Path) -> str:
