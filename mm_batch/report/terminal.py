@@ -16,7 +16,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
-from mm_batch.report.summary import TaskVerdict, one_line, printable, task_verdicts
+from mm_batch.report.summary import (
+    WORD_JOINER,
+    TaskVerdict,
+    one_line,
+    printable,
+    task_verdicts,
+)
 from mm_batch.run.records import RunResult
 
 __all__ = [
@@ -170,8 +176,10 @@ def short_summary(results: Sequence[RunResult], min_pass_rate: float) -> list[st
 
 
 def escape_data(text: str) -> str:
-    """A workflow command's message: %, CR and LF escaped, as GitHub's toolkit does."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """A workflow command's message: %, CR and LF escaped, as GitHub's toolkit does, and the
+    old `##[command]` form, which the runner reads anywhere in a line, broken (see one_line)."""
+    escaped = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return escaped.replace("##[", "#" + WORD_JOINER + "#[")
 
 
 def escape_property(text: str) -> str:
