@@ -36,35 +36,45 @@ class Previous:
     """A results folder read back: its runs, their test cases and their records."""
 
     directory: Path
-    summary: dict[str, Any]
+    suite: str
+    provenance: dict[str, Any]
+    coverage: dict[str, Any]  # the part of the whole plan DIR covered: a rerun covers the same
     results: tuple[RunResult, ...]
     junit: JunitPart
     records: tuple[dict[str, Any], ...]
+    run_ids: frozenset[str]
+
+    def masked(self, masker: Masker) -> Previous:
+        """What DIR kept, with this run's secrets masked too: they may not have been secrets
+        when DIR was written."""
+        self.junit.mask(masker)
+        return replace(
+            self,
+            provenance=masker.data(self.provenance),
+            results=tuple(replace(r, reason=masker.text(r.reason)) for r in self.results),
+            records=tuple(masker.data(r) for r in self.records),
+        )
 
     @property
     def not_passed(self) -> frozenset[str]:
         return frozenset(r.run_id for r in self.results if r.status != "passed")
 
-    @property
-    def run_ids(self) -> frozenset[str]:
-        return frozenset(r.run_id for r in self.results)
-
-    @property
-    def coverage(self) -> dict[str, Any]:
-        """The part of the whole plan DIR covered: a rerun covers the same."""
-        return dict(self.summary["plan"])
-
 
 def read_previous(directory: Path) -> Previous:
-    """DIR's summary.json, junit.xml and calls.jsonl, each checked against the others."""
+    """DIR's summary.json, junit.xml and calls.jsonl, each checked against the others. What an
+    older mm-batch did not write (the plan, the provenance) reads as an unsharded plan of DIR's
+    runs and no facts."""
     with refusing("nothing ran"):
         summary = read_summary(directory)
+        suite = str(summary.get("suite", ""))
         (results,) = results_of([(directory, summary)])
-        junit = junit_part(
-            read_junit(directory / JUNIT), results, str(summary.get("suite", "")), directory
-        )
-        records = tuple(record for _, record in read_records(directory / CALLS))
-    return Previous(directory, summary, tuple(results), junit, records)
+        ids = frozenset(r.run_id for r in results)
+        junit = junit_part(read_junit(directory / JUNIT), results, suite, directory)
+        records = tuple(record for _, record in read_records(directory / CALLS, ids))
+    plan = summary.get("plan") or {}
+    coverage = {"shard": plan.get("shard"), "whole_runs": plan.get("whole_runs", len(results))}
+    provenance = dict(summary.get("provenance") or {})
+    return Previous(directory, suite, provenance, coverage, tuple(results), junit, records, ids)
 
 
 def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
@@ -75,9 +85,9 @@ def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
     """
     where = previous.directory
     with refusing("nothing ran"):
-        if previous.summary.get("suite") != masker.text(plan.suite):
+        if previous.suite != masker.text(plan.suite):
             raise ResultsError(
-                f"{where} holds results of {one_line(str(previous.summary.get('suite')), 80)}, "
+                f"{where} holds results of {one_line(previous.suite, 80)}, "
                 f"not of {one_line(masker.text(plan.suite), 80)}: rerun with the tasks file "
                 "that made them"
             )
@@ -129,7 +139,7 @@ def warn_if_changed(previous: Previous, provenance: dict[str, Any]) -> None:
     def digests(facts: dict[str, Any]) -> dict[str, str]:
         return {k: str(v) for k, v in facts.items() if k.startswith("sha256:")}
 
-    before, now = digests(previous.summary["provenance"]), digests(provenance)
+    before, now = digests(previous.provenance), digests(provenance)
     changed = [k.removeprefix("sha256:") for k, v in now.items() if before.get(k) != v]
     if changed:
         click.echo(
@@ -157,7 +167,5 @@ def rerun_junit(
     """junit.xml of the new runs and of DIR's others, flaky as the whole says. The new
     testsuites come first: their properties are those of this run."""
     again = {r.run_id for r in new}
-    part = junit_part(
-        ET.fromstring(new_junit), new, str(previous.summary.get("suite", "")), out_dir
-    )
+    part = junit_part(ET.fromstring(new_junit), new, previous.suite, out_dir)
     return merge_junit([part, previous.junit.without(again)], rate)

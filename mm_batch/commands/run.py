@@ -158,11 +158,11 @@ def run(
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
     facts = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
-    previous = None if rerun_from is None else read_previous(rerun_from)
+    previous = None if rerun_from is None else read_previous(rerun_from).masked(masker)
     if previous is not None:  # read whole now: it may be the folder about to be replaced
         plan = rerun_plan(plan, previous, masker)
         warn_if_changed(previous, facts)
-        facts["rerun_of"] = str(previous.summary["provenance"].get("started_at", "unknown"))
+        facts["rerun_of"] = masker.text(str(previous.provenance.get("started_at", "unknown")))
     kept = "" if previous is None else f" ({len(previous.results) - len(plan.runs)} kept)"
     click.echo(
         masker.text(
@@ -181,7 +181,10 @@ def run(
             _warn_unpriced(plan, masker)  # litellm is imported by now
             folder = ResultsFolder(out_dir)
             try:
-                folder.clear()
+                # A rerun into DIR itself keeps DIR's verdicts until the new ones replace them:
+                # killed meanwhile, it leaves a folder that can be rerun again.
+                rerun_in_place = rerun_from is not None and folder.path == _resolved(rerun_from)
+                folder.clear(keep=(SUMMARY_JSON, JUNIT) if rerun_in_place else ())
                 recorder = JsonlRecorder(folder.open_log(CALLS))
                 try:
                     if previous is not None:
@@ -200,7 +203,7 @@ def run(
                 verdicts = task_verdicts(everything, plan.min_pass_rate)
                 code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
                 summary_md = _write_reports(
-                    folder, plan, results, everything, facts, code, masker, previous
+                    folder, plan, results, everything, facts, code, masker, previous, recorder
                 )
             finally:
                 folder.close()
@@ -234,9 +237,12 @@ def _write_reports(
     code: ExitCode,
     masker: Masker,
     previous: Previous | None,
+    recorder: JsonlRecorder,
 ) -> str:
     """Write every report that can be written; a bug in one does not keep the others back.
-    `results` are this run's; `everything` adds the runs kept from `previous` (a rerun's)."""
+    `results` are this run's; `everything` adds the runs kept from `previous` (a rerun's).
+    calls.jsonl is written again only when a command replaced it during the run."""
+    log = recorder.text()
     suite = masker.text(plan.suite)
     rate = plan.min_pass_rate
     summary_md = summary_markdown(suite, everything, rate)
@@ -246,10 +252,11 @@ def _write_reports(
         return text if previous is None else rerun_junit(previous, results, text, rate, folder.path)
 
     reports: list[tuple[str, Callable[[], str]]] = [
+        *([] if folder.holds(CALLS, recorder.inode) else [(CALLS, lambda: log)]),
         (JUNIT, junit),
         (SUMMARY_JSON, lambda: summary_json(suite, rate, everything, facts, code, plan.coverage)),
         (SUMMARY_MD, lambda: summary_md),
-        (REPORT_HTML, lambda: report_html(suite, everything, records_of(folder.read(CALLS)))),
+        (REPORT_HTML, lambda: report_html(suite, everything, records_of(log))),
     ]
     failure: BaseException | None = None
     for name, render in reports:

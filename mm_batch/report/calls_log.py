@@ -18,14 +18,24 @@ class JsonlRecorder:
     def __init__(self, handle: TextIO) -> None:
         self._lock = threading.Lock()
         self._handle: TextIO | None = handle
+        # The file as opened: a command may replace the name meanwhile (see `text`).
+        self.inode = os.fstat(handle.fileno()).st_ino
+        self._lines: list[str] = []
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, default=str)
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
         with self._lock:
             if self._handle is None:
                 return
-            self._handle.write(line + "\n")
+            self._handle.write(line)
             self._handle.flush()
+            self._lines.append(line)
+
+    def text(self) -> str:
+        """Every line written, as written: what the reports read, never the file again (its
+        name may hold a link or another file by now)."""
+        with self._lock:
+            return "".join(self._lines)
 
     def close(self) -> None:
         with self._lock:

@@ -11,7 +11,9 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import TextIO
 
@@ -54,9 +56,12 @@ class ResultsFolder:
             os.close(self._fd)
             self._fd = -1
 
-    def clear(self) -> None:
-        """Replace previous results: remove the files mm-batch writes here, and nothing else."""
+    def clear(self, keep: Collection[str] = ()) -> None:
+        """Replace previous results: remove the files mm-batch writes here (but those to
+        `keep` until they are written anew), and nothing else."""
         for name in OUTPUT_FILES:
+            if name in keep:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=self._fd)
 
@@ -69,6 +74,14 @@ class ResultsFolder:
             dir_fd=self._fd,
         )
         return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+
+    def holds(self, name: str, inode: int) -> bool:
+        """Whether `name` here is still the regular file of that inode (no link in its place)."""
+        try:
+            info = os.stat(name, dir_fd=self._fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return stat.S_ISREG(info.st_mode) and info.st_ino == inode
 
     def read(self, name: str) -> str:
         """A file written here before (calls.jsonl for report.html), never through a link."""

@@ -47,6 +47,7 @@ case "$1" in
   swap)
     mv out out.moved && mkdir elsewhere && ln -s "$PWD/elsewhere" out
     ln -sf "$PWD/victim.txt" out.moved/junit.xml
+    ln -sf "$PWD/victim.txt" out.moved/calls.jsonl
     ;;
 esac
 echo "ran $1"
@@ -142,8 +143,14 @@ def test_a_results_folder_swapped_for_a_symlink_is_not_written_through(
     assert json.loads((moved / "summary.json").read_text())["runs"][0]["status"] == "passed"
     assert (moved / "junit.xml").is_file() and not (moved / "junit.xml").is_symlink()
     assert [p.name for p in (project / "elsewhere").iterdir()] == []
-    # ...and the link planted in place of junit.xml was replaced, its target untouched.
+    # ...and the links planted in place of junit.xml and calls.jsonl were replaced (the log
+    # whole, as written through the file opened at start), their target untouched.
     assert (project / "victim.txt").read_text() == "precious\n"
+    log = moved / "calls.jsonl"
+    assert log.is_file() and not log.is_symlink()
+    kinds = [json.loads(line)["kind"] for line in log.read_text().splitlines()]
+    assert kinds == ["model", "tool", "model", "task"]
+    assert "swap" in (moved / "report.html").read_text()
 
 
 def test_reports_are_readable_by_other_users(cli: Cli, fake_model: Fake, project: Path) -> None:
