@@ -38,6 +38,19 @@ def gguf_path(model: LocalModel) -> Path:
     return cache_dir() / "models" / f"{model.name}-{model.sha256[:12]}.gguf"
 
 
+def prompt_dir() -> Path:
+    """Where local servers save a slot's prompt (its KV cache) for the next run's servers."""
+    return cache_dir() / "prompts"
+
+
+def prompt_name(model: LocalModel, binary: Path) -> str:
+    """The saved prompt's file name: one per model and server build, so that no build loads a
+    state another build saved (the layout or the numbers could differ)."""
+    build = binary.stat()
+    tag = hashlib.sha256(f"{build.st_size}-{build.st_mtime_ns}".encode()).hexdigest()[:12]
+    return f"{model.name}-{model.sha256[:12]}-{tag}.bin"
+
+
 def _verified_marker(model: LocalModel) -> Path:
     return gguf_path(model).with_suffix(".verified")
 

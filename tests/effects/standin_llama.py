@@ -3,7 +3,11 @@
 Run as `python standin_llama.py <llama-server argv...>`. It writes its argv (JSON) to
 $STANDIN_DIR/argv-<port>.json, answers every completion after $STANDIN_LATENCY_S seconds with
 a short text, and appends `<port> <start> <end> <max_tokens>` for each to $STANDIN_DIR/calls.log:
-the intervals in which it "computed".
+the intervals in which it "computed". Slots are saved (`/slots/N?action=save`) as a JSON file of
+the port and the completions answered so far, and restored from such a file only (anything
+else is refused, as llama-server refuses a state it cannot load, and all of it without
+--slot-save-path); each restore appends
+`<port> <slot> <file's text>` to $STANDIN_DIR/restored.log.
 """
 
 from __future__ import annotations
@@ -20,16 +24,21 @@ ARGV = sys.argv[1:]
 PORT = int(ARGV[ARGV.index("--port") + 1])
 DIR = Path(os.environ["STANDIN_DIR"])
 LATENCY_S = float(os.environ.get("STANDIN_LATENCY_S", "0"))
+SLOTS = Path(ARGV[ARGV.index("--slot-save-path") + 1]) if "--slot-save-path" in ARGV else None
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    answered = 0  # completions so far: the tokens a saved slot "holds"
 
     def do_GET(self) -> None:
         self._send({"status": "ok"})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if self.path.startswith("/slots/"):
+            self._slot_file(int(self.path.split("/")[2].split("?")[0]), body["filename"])
+            return
         started = time.time()
         time.sleep(LATENCY_S)
         with (DIR / "calls.log").open("a") as log:
@@ -37,6 +46,7 @@ class Handler(BaseHTTPRequestHandler):
         message = {"role": "assistant", "content": "done"}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
         usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+        Handler.answered += 1
         self._send(
             {
                 "id": "x",
@@ -48,9 +58,27 @@ class Handler(BaseHTTPRequestHandler):
             }
         )
 
-    def _send(self, payload: dict[str, Any]) -> None:
+    def _slot_file(self, slot: int, filename: str) -> None:
+        if SLOTS is None:
+            self._send({"error": {"code": 501, "message": "slot save is not enabled"}}, 501)
+            return
+        if self.path.endswith("action=save"):
+            (SLOTS / filename).write_text(json.dumps({"port": PORT, "answered": Handler.answered}))
+            self._send({"id_slot": slot, "n_saved": Handler.answered})
+            return
+        try:
+            text = (SLOTS / filename).read_text()
+            json.loads(text)
+        except (OSError, ValueError):
+            self._send({"error": {"code": 400, "message": "invalid slot save file"}}, 400)
+            return
+        with (DIR / "restored.log").open("a") as log:
+            log.write(f"{PORT} {slot} {text}\n")
+        self._send({"id_slot": slot, "n_restored": 1})
+
+    def _send(self, payload: dict[str, Any], status: int = 200) -> None:
         data = json.dumps(payload).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

@@ -1,6 +1,7 @@
 """Local servers on a shared CPU: their argv, turns between servers, the task's deadline while
-waiting, and the default `max_tokens`. Real stand-in server processes (standin_llama.py) play
-llama-server, reached through the real litellm path of `default_effects`."""
+waiting, the default `max_tokens`, and the prompt a server saves for the next run's. Real
+stand-in server processes (standin_llama.py) play llama-server, reached through the real litellm
+path of `default_effects`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from mm_batch.commands.effects import default_effects
 from mm_batch.config.load import load_tasks
+from mm_batch.config.local_catalog import CATALOG
+from mm_batch.effects.gguf import prompt_dir, prompt_name
 from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
 from mm_batch.plan import Overrides, RunSpec, make_plan
 from mm_batch.run.batch import Effects
@@ -55,6 +58,7 @@ def local_effects(
     monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: binary)
     monkeypatch.setattr("mm_batch.commands.effects.ensure_gguf", lambda _model: tmp_path / "m")
     monkeypatch.setenv("STANDIN_DIR", str(tmp_path))
+    monkeypatch.setenv("MM_BATCH_CACHE", str(tmp_path / "cache"))  # saved prompts land there
     started: list[Effects] = []
 
     def start(*models: str, latency_s: float = 0.0, options: str = "{}") -> _Local:
@@ -85,6 +89,7 @@ def test_server_argv_fits_the_cores_and_sleeps_when_idle(
     assert flags["--poll"] == "0"  # idle threads sleep instead of spinning
     assert flags["--parallel"] == "2"  # the run's two jobs
     assert flags["--ctx-size"] == "8192"
+    assert flags["--slot-save-path"] == str(prompt_dir())
     assert "--jinja" in argv and "--offline" in argv
 
 
@@ -219,3 +224,86 @@ def test_a_cold_server_computes_its_first_request_alone() -> None:
     (a, b), (c, d) = sorted(spans[:2]), sorted(spans[2:])
     assert a[1] <= b[0], "the cold server's first two requests ran together"
     assert c[0] < d[1] and d[0] < c[1], "the warm server's requests should run together"
+
+
+def _restored(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
+    """The stand-ins' restored slots: port, slot, the saved file's content."""
+    log = directory / "restored.log"
+    rows = (line.split(" ", 2) for line in log.read_text().splitlines()) if log.exists() else ()
+    return [(int(port), int(slot), json.loads(text)) for port, slot, text in rows]
+
+
+def _saved(model: str, binary: Path) -> Path:
+    return prompt_dir() / prompt_name(CATALOG[model.removeprefix("local/")], binary)
+
+
+def test_a_run_loads_into_every_slot_the_prompt_the_last_run_saved(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    first = local_effects(SMALL)
+    first.complete(SMALL)
+    first.effects.shutdown()
+    saved = _saved(SMALL, tmp_path / "llama-server")
+    first_port = json.loads(saved.read_text())["port"]
+    assert json.loads(saved.read_text()) == {"port": first_port, "answered": 1}
+    assert sorted(p.name for p in prompt_dir().iterdir()) == [saved.name]  # no partial file left
+    assert _restored(tmp_path) == []  # nothing was saved when the first server started
+    second = local_effects(SMALL)
+    restored = _restored(tmp_path)
+    assert [slot for _, slot, _ in restored] == [0, 1]  # both slots, before any request
+    assert {port for port, *_ in restored} != {first_port}
+    assert all(text == {"port": first_port, "answered": 1} for *_, text in restored)
+    second.complete(SMALL)
+    second.effects.shutdown()
+    assert json.loads(saved.read_text())["port"] != first_port  # the newest prompt replaced it
+
+
+def test_a_server_that_answered_nothing_saves_nothing(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local_effects(SMALL).effects.shutdown()
+    assert list(prompt_dir().iterdir()) == []
+    local_effects(SMALL)
+    assert _restored(tmp_path) == []
+
+
+def test_a_prompt_saved_by_another_build_or_model_is_not_loaded(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    first = local_effects(SMALL)
+    first.complete(SMALL)
+    first.effects.shutdown()
+    local_effects(LARGE)  # another model
+    assert _restored(tmp_path) == []
+    binary = tmp_path / "llama-server"
+    old = _saved(SMALL, binary)
+    binary.write_text(binary.read_text() + "# another build\n")
+    assert _saved(SMALL, binary) != old
+    local_effects(SMALL)
+    assert _restored(tmp_path) == []
+
+
+def test_a_prompt_the_server_cannot_load_leaves_the_slots_empty(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    saved = _saved(SMALL, tmp_path / "llama-server")
+    saved.parent.mkdir(parents=True)
+    saved.write_text("not a state")  # the stand-in refuses it, as llama-server does
+    local = local_effects(SMALL)
+    assert _restored(tmp_path) == []
+    local.complete(SMALL)  # the server answers as before
+    local.effects.shutdown()
+    assert json.loads(saved.read_text())["answered"] == 1  # and its prompt replaced the file
+
+
+def test_without_a_folder_for_prompts_the_server_runs_as_before(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    prompt_dir().parent.mkdir(parents=True)
+    prompt_dir().write_text("a file where the folder would be")
+    local = local_effects(SMALL)
+    (argv_file,) = tmp_path.glob("argv-*.json")
+    assert "--slot-save-path" not in json.loads(argv_file.read_text())  # else it would not start
+    local.complete(SMALL)
+    local.effects.shutdown()
+    assert prompt_dir().read_text() == "a file where the folder would be"
