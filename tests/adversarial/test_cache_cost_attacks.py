@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,11 @@ def _damage(entry: Path, damage: str, tmp_path: Path) -> None:
     elif damage == "huge_number":  # past Python's limit on the digits of an int it parses
         data["response"]["usage"] = {"prompt_tokens": "@"}
         entry.write_text(json.dumps(data).replace('"@"', "9" * 5000))
+    elif damage == "device":  # /dev/zero's node, planted as a file of the folder
+        try:
+            os.mknod(entry, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+        except PermissionError:
+            pytest.skip("no permission to make a device node here")
     elif damage == "unreadable":
         entry.write_text(json.dumps(data))
         entry.chmod(0)
@@ -293,6 +299,7 @@ DAMAGES = [
     "content_list",
     "no_choices",
     "huge_number",
+    "device",
     "unreadable",
 ]
 
@@ -315,6 +322,35 @@ def test_a_damaged_entry_is_a_miss_and_the_model_is_asked(
         return
     assert cached == [False, True]
     assert len(server.requests) == asked + 1
+
+
+def test_a_reply_too_deep_to_store_is_not_stored_and_the_run_goes_on(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """A hostile model nests a field 600 levels deep: the reply is used, it cannot be stored
+    (said, not raised), and the next run asks again rather than replaying half of it."""
+    tasks = _suite(tmp_path / "suite")
+    deep = "[" * 600 + "]" * 600
+    body = (
+        '{"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
+        f'"extra": {deep}, "choices": [{{"index": 0, "message": {{"role": "assistant", '
+        '"content": "The service is green."}, "finish_reason": "stop"}], '
+        '"usage": {"prompt_tokens": 10, "completion_tokens": 5}}'
+    )
+
+    def script(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1]["role"] == "user":
+            return tool_call("probe", {})
+        return RawReply(body.encode())
+
+    server = fake_model(script)
+    cache = tmp_path / "cache"
+    for out in ("out1", "out2"):
+        result = _run(cli, tasks, server, tmp_path / out, "--cache", cache)
+        assert result.code == 0, result.err
+    assert [t["cached"] for t in _turns(tmp_path / "out2")] == [True, False]
+    assert len(server.requests) == 3
+    assert len(_entries(cache)) == 1
 
 
 # --- (3) read mode writes nothing, write mode reads nothing ------------------------------------
@@ -424,6 +460,54 @@ def test_requests_that_differ_anywhere_never_share_an_entry(
     assert asks("--repeat", "2") == 2  # repeat 1 hits, repeat 2 is its own trial
     assert asks(model="openai/gpt-4o") == 2
     assert asks() == 0
+
+
+_CLASH = pytest.mark.xfail(
+    strict=True,
+    reason="a model option named like an argument mm-batch gives litellm itself is no usage "
+    "error: every run is an error, 'the model refused the request: TypeError: "
+    "functools.partial() got multiple values for keyword argument ...'",
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "option", "with_cache"),
+    [
+        pytest.param("agent", "caching=false", True, marks=_CLASH),
+        pytest.param("agent", "cache_key=abc", True, marks=_CLASH),
+        pytest.param("agent", "cache={no-store: true}", True, marks=_CLASH),
+        ("agent", "num_retries=5", False),
+        pytest.param("cli", "caching=false", True, marks=_CLASH),
+        pytest.param("cli", "num_retries=5", False, marks=_CLASH),
+        pytest.param("cli", "messages=x", False, marks=_CLASH),
+    ],
+)
+def test_a_model_option_that_clashes_is_refused_before_anything_runs(
+    cli: Cli, fake_model: Fake, tmp_path: Path, where: str, option: str, with_cache: bool
+) -> None:
+    """SPEC 1: what `run` cannot honour is refused before running (the agent file's reserved
+    option names are), never every run an error."""
+    name, value = option.split("=", 1)
+    top = f"yolo: true\nmodel_options: {{{name}: {value}}}" if where == "agent" else "yolo: true"
+    tasks = _suite(tmp_path / "suite", agent_top=top)
+    server = fake_model(_script())
+    extra = ["--cache", str(tmp_path / "cache")] if with_cache else []
+    if where == "cli":
+        extra += ["--model-option", option]
+    result = _run_or_refused(cli, tasks, server, tmp_path / "out", *extra)
+    assert result.code in (0, 2), result.err
+    if result.code == 2:
+        assert name in result.err and server.requests == []
+
+
+def _run_or_refused(
+    cli: Cli, tasks: Path, server: FakeOpenAI, out: Path, *extra: str | Path
+) -> CliResult:
+    """A run whose reports are checked when it ran; a usage error leaves none."""
+    result = cli("run", tasks, *_model(server), "--out", out, *extra)
+    if result.code != 2:
+        check_report(out / "junit.xml")
+    return result
 
 
 # --- the folder itself: swapped mid-run, inside a mount, the results folder --------------------
@@ -588,7 +672,9 @@ def test_a_hostile_usage_cannot_dodge_max_cost_unnoticed(
     assert later == [] or "--max-cost" in result.err.split("[1/4]", 1)[-1], result.err
 
 
-@pytest.mark.parametrize("tokens", [2**53 - 1, 2**60], ids=["largest_count", "past_counts"])
+@pytest.mark.parametrize(
+    "tokens", [2**53 - 1, 2**60, 10**308], ids=["largest_count", "past_counts", "near_float_max"]
+)
 def test_a_huge_but_valid_cost_stops_the_batch_and_reports_stay_valid(
     cli: Cli, fake_model: Fake, tmp_path: Path, tokens: int
 ) -> None:
