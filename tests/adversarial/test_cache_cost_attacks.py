@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from mm_batch.effects import cache as cache_module
 from mm_batch.effects import litellm as litellm_effects
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
@@ -353,6 +354,32 @@ def test_a_reply_too_deep_to_store_is_not_stored_and_the_run_goes_on(
     assert len(_entries(cache)) == 1
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="set_cache writes an entry of any size: a 33 MiB reply lands as a 34.6 MB file that "
+    "every read refuses (over MAX_ENTRY_BYTES)",
+)
+def test_a_reply_too_big_to_replay_is_not_written(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """A hostile model answers with 33 MiB of text: an entry that size is never read back (a
+    miss, by the 32 MiB bound), so writing it only fills the CI cache's disk, run after run."""
+    tasks = _suite(tmp_path / "suite")
+    huge = "green " * (33 * 1024 * 1024 // 6)
+
+    def script(request: dict[str, Any]) -> Reply:
+        if request["messages"][-1]["role"] == "user":
+            return tool_call("probe", {})
+        return text(huge)
+
+    server = fake_model(script)
+    cache = tmp_path / "cache"
+    result = _run(cli, tasks, server, tmp_path / "out", "--cache", cache)
+    assert result.code == 0, result.err
+    sizes = [p.stat().st_size for p in _entries(cache)]
+    assert all(size <= cache_module.MAX_ENTRY_BYTES for size in sizes), sizes
+
+
 # --- (3) read mode writes nothing, write mode reads nothing ------------------------------------
 
 
@@ -534,7 +561,7 @@ def test_a_cache_folder_swapped_mid_run_is_never_written_through(
     assert len(_entries(Path(f"{cache}.old"))) == 2
 
 
-@pytest.mark.parametrize("how", ["cli", "file"])
+@pytest.mark.parametrize("how", ["cli", "file", "link"])
 def test_a_cache_inside_a_mounted_workspace_is_a_usage_error(
     cli: Cli, fake_model: Fake, tmp_path: Path, how: str
 ) -> None:
@@ -543,6 +570,10 @@ def test_a_cache_inside_a_mounted_workspace_is_a_usage_error(
     tasks = _suite(tmp_path / "suite", agent_top=agent, tasks_top=tasks_top)
     server = fake_model(_script())
     extra = ["--cache", str(tasks.parent / "inner" / "cache")] if how == "cli" else []
+    if how == "link":  # a path outside that leads inside
+        (tmp_path / "outside").symlink_to(tasks.parent / "inner", target_is_directory=True)
+        (tasks.parent / "inner").mkdir()
+        extra = ["--cache", str(tmp_path / "outside" / "cache")]
     result = cli("run", tasks, *_model(server), "--out", tmp_path / "out", *extra)
     assert result.code == 2, result.err
     assert "keep the cache elsewhere" in result.err
