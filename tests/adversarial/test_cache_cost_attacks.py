@@ -703,6 +703,33 @@ def test_a_hostile_usage_cannot_dodge_max_cost_unnoticed(
     assert later == [] or "--max-cost" in result.err.split("[1/4]", 1)[-1], result.err
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="litellm prices a reply by the model the reply names: a provider that answers "
+    "'model: omni-moderation-latest' for gpt-4o-mini makes every turn cost 0, so --max-cost is "
+    "never reached and nothing says so",
+)
+def test_a_reply_naming_a_free_model_cannot_dodge_max_cost(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    def script(_: dict[str, Any]) -> Reply:
+        reply = _completion('{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}')
+        relabelled = reply.body.replace(
+            b'"model": "gpt-4o-mini"', b'"model": "omni-moderation-latest"'
+        )
+        return RawReply(relabelled)
+
+    tasks = _cost_suite(tmp_path)
+    server = fake_model(script)
+    out = tmp_path / "out"
+    limit = str(_turn_usd() / 2)  # what mm-batch asked for costs more than this a turn
+    result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
+    assert result.code != 4, result.err
+    check_report(out / "junit.xml")
+    later = [r for r in server.requests if first_user_message(r) != PROMPTS[0]]
+    assert later == [] or "--max-cost" in result.err.split("[1/4]", 1)[-1], result.err
+
+
 @pytest.mark.parametrize(
     "tokens", [2**53 - 1, 2**60, 10**308], ids=["largest_count", "past_counts", "near_float_max"]
 )
