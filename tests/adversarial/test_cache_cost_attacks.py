@@ -149,19 +149,28 @@ def _snapshot(folder: Path) -> dict[str, tuple[str, bytes]]:
 # --- (1) consent and the verdict hold whatever the cache replays -------------------------------
 
 
+@pytest.mark.parametrize("form", ["tool_call", "text_call"])
 def test_a_cached_call_off_the_allowlist_is_refused_and_fails_the_task(
-    cli: Cli, fake_model: Fake, tmp_path: Path
+    cli: Cli, fake_model: Fake, tmp_path: Path, form: str
 ) -> None:
-    agent = "yolo: false\nallow:\n  - tool: probe"
+    """The entry asks for `danger`, as a real call or as a call written in the text (which
+    recover_text_tool_calls takes as one): consent still decides."""
+    agent = "yolo: false\nallow:\n  - tool: probe\nmodel_options: {recover_text_tool_calls: true}"
     tasks = _suite(tmp_path / "suite", agent_top=agent)
     server = fake_model(_script())
     cache = _filled(cli, tasks, server, tmp_path)
-    _rewrite_message(_first_turn_entry(cache), tool_call("danger", {}))
+    planted = (
+        tool_call("danger", {})
+        if form == "tool_call"
+        else text('{"name": "danger", "arguments": {}}')
+    )
+    _rewrite_message(_first_turn_entry(cache), planted)
     result = _run(cli, tasks, server, tmp_path / "out", "--cache", cache)
     assert result.code == 1, result.err
     assert not (tasks.parent / "danger-ran").exists()
     (danger,) = [t for t in _tools(tmp_path / "out") if t["tool"] == "danger"]
     assert danger["outcome"] == "refused" and danger["started"] is False
+    assert danger["recovered_from_text"] is (form == "text_call")
     assert _turns(tmp_path / "out")[0]["cached"] is True
     (task,) = [r for r in read_calls(tmp_path / "out") if r["kind"] == "task"]
     assert task["status"] == "failed"
@@ -820,6 +829,28 @@ def test_a_spend_that_reaches_the_limit_exactly_starts_no_more_run(
     assert result.code != 4, result.err
     check_report(out / "junit.xml")
     assert len(server.requests) == turns
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="with min_pass_rate below 1, runs that never started for the cost limit are "
+    "tolerated as flaky errors and the batch exits 0 (the README says exit 3 follows)",
+)
+def test_runs_stopped_by_the_cost_limit_never_make_a_batch_pass(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """One trial of four ran and passed; three never reached the model. The exit code must not
+    say the task met its pass rate on trials that did not happen."""
+    tasks = _cost_suite(tmp_path, ["Check."])
+    tasks.write_text(
+        tasks.read_text().replace("jobs: 1", "jobs: 1\nrepeat: 4\nmin_pass_rate: 0.25")
+    )
+    server = fake_model(lambda _: text("all good"))
+    out = tmp_path / "out"
+    result = cli("run", tasks, *_model(server), "--max-cost", str(_turn_usd() / 2), "--out", out)
+    check_report(out / "junit.xml")
+    assert len(server.requests) == 1
+    assert result.code == 3, result.err
 
 
 @pytest.mark.parametrize("value", ["1e999", "Infinity", "-0.0", "1e-400", "NAN", "-inf", ""])
