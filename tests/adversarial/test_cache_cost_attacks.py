@@ -661,9 +661,10 @@ def _cost_suite(directory: Path, prompts: list[str] = PROMPTS, jobs: int = 1) ->
     return write(directory, "tasks.yaml", f"agent: agent.yaml\njobs: {jobs}\ntasks:\n{tasks}")
 
 
-def _completion(usage: str, content: str = "all good") -> RawReply:
+def _completion(usage: str, content: str = "all good", top: str = "") -> RawReply:
+    """A completion as raw JSON; `top` adds fields at the top (ending in a comma)."""
     body = (
-        '{"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
+        f'{{{top}"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini", '
         f'"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "{content}"}}, '
         f'"finish_reason": "stop"}}], "usage": {usage}}}'
     )
@@ -708,6 +709,39 @@ def test_a_hostile_usage_cannot_dodge_max_cost_unnoticed(
     result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
     assert result.code != 4, result.err
     check_report(out / "junit.xml")
+    later = [r for r in server.requests if first_user_message(r) != PROMPTS[0]]
+    assert later == [] or "--max-cost" in result.err.split("[1/4]", 1)[-1], result.err
+
+
+HONEST_USAGE = '{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}'
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="litellm takes the cost from the reply itself: a top-level _hidden_params "
+    "(cache_hit or response_cost) or a usage.cost sent by the provider sets the turn's cost_usd "
+    "(0 here) and even marks it cached: true without any cache, so --max-cost is never reached",
+)
+@pytest.mark.parametrize(
+    ("top", "usage"),
+    [
+        ('"_hidden_params": {"cache_hit": true},', HONEST_USAGE),
+        ('"_hidden_params": {"response_cost": 0},', HONEST_USAGE),
+        ("", HONEST_USAGE.replace("}", ', "cost": 0}')),
+    ],
+    ids=["hidden_cache_hit", "hidden_response_cost", "usage_cost"],
+)
+def test_a_reply_cannot_set_its_own_cost(
+    cli: Cli, fake_model: Fake, tmp_path: Path, top: str, usage: str
+) -> None:
+    tasks = _cost_suite(tmp_path)
+    server = fake_model(lambda _: _completion(usage, top=top))
+    out = tmp_path / "out"
+    limit = str(_turn_usd() / 2)  # what gpt-4o-mini's price map says a turn costs is more
+    result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
+    assert result.code != 4, result.err
+    check_report(out / "junit.xml")
+    assert [t["cached"] for t in _turns(out)] == [False] * len(_turns(out))  # no --cache
     later = [r for r in server.requests if first_user_message(r) != PROMPTS[0]]
     assert later == [] or "--max-cost" in result.err.split("[1/4]", 1)[-1], result.err
 
