@@ -27,12 +27,13 @@ _EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
 def _parse_option_value(text: str) -> Any:
-    """`--model-option KEY=VALUE`: numbers and true/false as JSON reads them, else a string."""
+    """`--model-option KEY=VALUE`: numbers, true/false, objects and lists as JSON reads them
+    (`extra_headers={"X-Team": "ci"}`), else a string."""
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
-    return value if isinstance(value, int | float | bool) else text
+    return value if isinstance(value, int | float | bool | dict | list) else text
 
 
 def _model_options(pairs: Sequence[str]) -> dict[str, Any]:

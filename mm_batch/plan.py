@@ -13,6 +13,7 @@ from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import (
     DEFAULT_MODEL,
     OWN_MODEL_OPTIONS,
+    SET_BY_MM_BATCH,
     CacheMode,
     CacheSettings,
     SandboxKind,
@@ -182,6 +183,12 @@ def _cache_settings(tasks_file: TasksFile, overrides: Overrides) -> CacheSetting
 
 
 def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
+    clashing = sorted(set(overrides.model_options) & SET_BY_MM_BATCH)
+    if clashing:  # the files are checked at load; the command line here
+        raise PlanError(
+            f"--model-option {clashing[0]}: mm-batch sets '{clashing[0]}' itself: it is not a "
+            "model option"
+        )
     tasks = tasks_file.tasks
     if overrides.filter is not None:
         tasks = tuple(t for t in tasks if fnmatch.fnmatchcase(t.id, overrides.filter))

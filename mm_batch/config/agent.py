@@ -27,6 +27,7 @@ from mm_batch.config.model import (
     KNOWN_BUILTINS,
     PARAM_TYPES,
     RESERVED_TOOL_NAMES,
+    SET_BY_MM_BATCH,
     AgentConfig,
     AllowRule,
     HooksSpec,
@@ -56,8 +57,6 @@ MAX_SIZE = 1024 * 1024**3  # 1024g: beyond it a size is a typo, not a machine
 MIN_MEMORY = 6 * 1024**2  # Docker refuses a smaller memory limit
 MAX_ID = 2**31 - 1  # uids and gids: 1 to 2147483647
 WEEK_S = 7 * 24 * 3600.0  # no timeout is longer: beyond it threads cannot even wait that long
-# Keyword arguments mm-batch gives litellm itself: as model options they would clash.
-SET_BY_MM_BATCH = frozenset({"model", "messages", "tools", "num_retries", "stream"})
 # Programs that run other programs through their options: a glob over them allows anything.
 RUNS_PROGRAMS = (
     *("git", "find", "env", "xargs", "sudo", "sh", "bash"),
