@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from mm_batch.config.local_catalog import local_model
+from mm_batch.config.secrets import Masker
 from mm_batch.effects.cache import cache_use, install, open_folder, uninstall
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
@@ -206,7 +207,7 @@ def _local_slots(plan: Plan) -> dict[str, int]:
     return {m: max(1, min(n, plan.jobs, limits.get(m, n))) for m, n in counts.items()}
 
 
-def default_effects(plan: Plan, out_dir: Path) -> Effects:
+def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> Effects:
     """litellm clients (one per model and options, local models through their own server);
     the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the
     response cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
@@ -253,5 +254,5 @@ def default_effects(plan: Plan, out_dir: Path) -> Effects:
         local.start_all()
         imported.result()
     if cache_folder is not None:
-        install(load_litellm(), cache_folder)
+        install(load_litellm(), cache_folder, masker or Masker([]))
     return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

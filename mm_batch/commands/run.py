@@ -98,20 +98,19 @@ def _check_outside_mounts(plan: Plan, out_dir: Path) -> None:
                 )
 
 
-def _warn_unpriced(plan: Plan, masker: Masker) -> None:
-    """With a cost limit, say once per model that litellm knows no price for its calls (they
-    count 0); before the first run, so that the live progress line does not cut it."""
-    if plan.max_cost is None:
-        return
-    for model in plan.models:
-        if not knows_price(model):
+def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
+    """The models (masked) litellm knows no price for. With a cost limit, each is said once
+    (its calls count 0), before the first run, so that the live progress line does not cut
+    it."""
+    unpriced = frozenset(masker.text(m) for m in plan.models if not knows_price(m))
+    if plan.max_cost is not None:
+        for model in sorted(unpriced):
             click.echo(
-                masker.text(
-                    f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
-                    "be counted against --max-cost"
-                ),
+                f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
+                "be counted against --max-cost",
                 err=True,
             )
+    return unpriced
 
 
 def masker_of(tasks_file: TasksFile) -> Masker:
@@ -177,8 +176,8 @@ def run(
     with cancel_on_signals(cancel, received):
         try:
             # A missing local extra or model stops here, before any result is replaced.
-            effects = effects or default_effects(plan, out_dir)
-            _warn_unpriced(plan, masker)  # litellm is imported by now
+            effects = effects or default_effects(plan, out_dir, masker)
+            unpriced = _unpriced(plan, masker)  # litellm is imported by now
             folder = ResultsFolder(out_dir)
             try:
                 # A rerun into DIR itself keeps DIR's verdicts until the new ones replace them:
@@ -194,7 +193,7 @@ def run(
                     # Leaving it ends the live line, so that what follows starts a line of its own.
                     with Progress(len(plan.runs)) as progress:
                         results = run_batch(
-                            plan, effects, recorder, masker, cancel, progress, pristine
+                            plan, effects, recorder, masker, cancel, progress, pristine, unpriced
                         )
                 finally:
                     recorder.close()

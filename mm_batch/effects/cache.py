@@ -16,6 +16,7 @@ import re
 import stat
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import click
 
 from mm_batch.config.model import CacheMode, CacheSettings
 from mm_batch.config.paths import display_path
+from mm_batch.config.secrets import Masker
 from mm_batch.errors import UsageError
 from mm_batch.report.files import ResultsFolder
 
@@ -133,11 +135,23 @@ class FolderCache:
     `check` builds litellm's response object from a stored completion: litellm does so outside
     its own error handling, so an entry is handed over only once it is known to convert."""
 
-    def __init__(self, folder: ResultsFolder, check: Callable[[dict[str, Any]], object]) -> None:
+    def __init__(
+        self, folder: ResultsFolder, check: Callable[[dict[str, Any]], object], masker: Masker
+    ) -> None:
         self.folder = folder
         self._check = check
+        self._masker = masker
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self._served: Counter[str] = Counter()  # keys answered from the folder, not yet claimed
+
+    def served(self, key: str) -> bool:
+        """Whether the folder answered a request of this key (once for each time it did)."""
+        with self._lock:
+            if self._served[key] <= 0:
+                return False
+            self._served[key] -= 1
+            return True
 
     def get_cache(self, key: object, **_: object) -> dict[str, Any] | None:
         if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
@@ -153,6 +167,9 @@ class FolderCache:
             response = None
         if response is None:
             self._warn(name, f"the cache entry {name} cannot be used; the model is asked instead")
+        else:
+            with self._lock:
+                self._served[key] += 1
         return response
 
     def set_cache(self, key: object, value: object, **kwargs: object) -> None:
@@ -162,12 +179,18 @@ class FolderCache:
         try:
             if isinstance(response, str):  # litellm hands the completion over as JSON text
                 response = json.loads(response)
-            text = json.dumps(
-                {"format": FORMAT, "key": key, "model": kwargs.get("model"), "response": response},
-                ensure_ascii=True,
-                indent=1,
-                sort_keys=True,
-            )
+            entry = {
+                "format": FORMAT,
+                "key": key,
+                "model": kwargs.get("model"),
+                "response": response,
+            }
+            # A provider may echo a secret it was sent (a key in an error text): masked, as in
+            # every file mm-batch writes.
+            text = json.dumps(self._masker.data(entry), ensure_ascii=True, indent=1, sort_keys=True)
+            if len(text) + 1 > MAX_ENTRY_BYTES:  # it could never be read back
+                self._warn("", "a model reply too large for the cache is not stored")
+                return
             self.folder.write(f"{key}.json", text + "\n")
         except (OSError, ValueError, TypeError) as exc:
             self._warn("", f"a model reply cannot be stored in the cache: {exc}")
@@ -223,7 +246,7 @@ def _tolerate_missing_proxy(handler: Any) -> None:
     handler._should_defer_streaming_cache_hit_callbacks = tolerant
 
 
-def install(litellm: Any, folder: ResultsFolder) -> FolderCache:
+def install(litellm: Any, folder: ResultsFolder, masker: Masker) -> FolderCache:
     """Make the folder litellm's cache for this process (every request: no message limit)."""
     from litellm.caching import caching_handler
     from litellm.caching.caching import Cache
@@ -239,7 +262,7 @@ def install(litellm: Any, folder: ResultsFolder) -> FolderCache:
             response_object=response, model_response_object=ModelResponse()
         )
 
-    backend = FolderCache(folder, check)
+    backend = FolderCache(folder, check, masker)
     # Duck-typed: a BaseCache subclass would import litellm along with this module.
     litellm.cache = Cache(_backend=cast(Any, backend), max_messages=None)
     return backend
@@ -249,3 +272,9 @@ def uninstall(litellm: Any, folder: ResultsFolder) -> None:
     """The process's litellm has no cache again; the folder is closed."""
     litellm.cache = None
     folder.close()
+
+
+def served(litellm: Any, key: str) -> bool:
+    """Whether the installed cache answered a request of this key (see `FolderCache.served`)."""
+    backend = getattr(litellm.cache, "cache", None)
+    return isinstance(backend, FolderCache) and backend.served(key)

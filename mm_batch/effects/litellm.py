@@ -8,6 +8,7 @@ import functools
 import gc
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import random
@@ -20,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
-from mm_batch.effects.cache import CacheUse, cache_kwargs
+from mm_batch.effects.cache import CacheUse, cache_kwargs, served
 from mm_batch.errors import UsageError
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
@@ -135,6 +136,7 @@ def _import_offline() -> Any:
 
         litellm.suppress_debug_info = True
         litellm.telemetry = False
+        _silence_logs()
         _tolerate_unreadable_arguments()
         for name in _FIRST_CALL_MODULES:
             with contextlib.suppress(ImportError):
@@ -144,6 +146,17 @@ def _import_offline() -> Any:
             gc.enable()
     gc.freeze()
     return litellm
+
+
+def _silence_logs() -> None:
+    """litellm logs its own warnings and errors to stderr, unmasked (a provider's error text
+    may quote a key) and through the live progress line: what matters of them reaches the
+    records and reports, masked."""
+    for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
 
 
 _IMPORT = BackgroundImport(_import_offline)
@@ -337,7 +350,10 @@ class LiteLLMClient:
                     raise ModelError(f"the model refused the request: {_short(exc)}") from exc
                 last = exc
             else:
-                return _reply(response, time.monotonic() - started, attempt)
+                # Only the cache's own word says a reply came from it, never the reply's body.
+                hit = bool(cached) and served(litellm, cached["cache_key"])
+                latency = time.monotonic() - started
+                return _reply(response, latency, attempt, model=self.model, cached=hit)
             if attempt < self.tries:
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 asked = retry_after_s(last)
@@ -397,41 +413,46 @@ def _usd(value: object) -> float | None:
     return None
 
 
-def _cost_usd(response: Any) -> float | None:
-    """What the turn cost by litellm's bundled price map (offline: see `_import_offline`);
-    None where it knows no price for the model. litellm prices each completion as it builds
-    it (`response_cost` in its hidden params, None when it found no price): that figure is
-    read, and only a response without one is priced again. A reply from a cache cost nothing.
-    A lookup that raises is an unknown cost, never the end of a run."""
-    if _cache_hit(response):
-        return 0.0
-    hidden = getattr(response, "_hidden_params", None)
-    if isinstance(hidden, dict) and "response_cost" in hidden:
-        return _usd(hidden["response_cost"])
+def _cost_usd(model: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+    """What the turn cost by litellm's bundled price map (offline: see `_import_offline`), for
+    the model asked and the token counts reported (checked: see `_count`); None where litellm
+    knows no price for the model or a count is missing. Nothing else the reply says about its
+    cost is believed (a provider's body can claim a price, a cache hit or another model). A
+    lookup that raises is an unknown cost, never the end of a run."""
+    if prompt_tokens is None or completion_tokens is None or not knows_price(model):
+        return None
     try:
-        return _usd(load_litellm().completion_cost(completion_response=response))
+        prompt_cost, completion_cost = load_litellm().cost_per_token(
+            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        )
+        return _usd(prompt_cost + completion_cost)
     except Exception:
         return None
+
+
+_PRICED: dict[str, bool] = {}  # a lookup of the price map per model, once a process
 
 
 def knows_price(model: str) -> bool:
     """Whether litellm's bundled price map has a price for the model's tokens (never for a
     `local/` model, whose server litellm reaches as an unpriced `hosted_vllm/` one)."""
-    try:
-        info = load_litellm().get_model_info(model)
-    except Exception:  # litellm raises when the model is not in its map
-        return False
-    return any(_usd(info.get(k)) for k in ("input_cost_per_token", "output_cost_per_token"))
+    known = _PRICED.get(model)
+    if known is None:
+        try:
+            info = load_litellm().get_model_info(model)
+            prices = (info.get(k) for k in ("input_cost_per_token", "output_cost_per_token"))
+            known = any(_usd(price) for price in prices)
+        except Exception:  # litellm raises when the model is not in its map
+            known = False
+        _PRICED[model] = known
+    return known
 
 
-def _cache_hit(response: Any) -> bool:
-    """Whether litellm answered from the response cache rather than asking the model."""
-    hidden = getattr(response, "_hidden_params", None)
-    return isinstance(hidden, dict) and hidden.get("cache_hit") is True
-
-
-def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
-    """The first choice as a `ModelReply`; a reply that has none is a `ModelError`."""
+def _reply(
+    response: Any, latency_s: float, attempts: int, *, model: str, cached: bool = False
+) -> ModelReply:
+    """The first choice as a `ModelReply`; a reply that has none is a `ModelError`. `cached`:
+    the response cache served it (a cached turn costs nothing)."""
     choices = getattr(response, "choices", None)
     if not isinstance(choices, list | tuple) or not choices:
         raise ModelError("the model sent a malformed response: it has no choices")
@@ -453,14 +474,16 @@ def _reply(response: Any, latency_s: float, attempts: int) -> ModelReply:
             )
         )
     usage = getattr(response, "usage", None)
+    prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
+    completion_tokens = _count(getattr(usage, "completion_tokens", None))
     return ModelReply(
         text=_text(getattr(message, "content", None)),
         tool_calls=tuple(calls),
         finish_reason=_text(getattr(choice, "finish_reason", None)),
-        prompt_tokens=_count(getattr(usage, "prompt_tokens", None)),
-        completion_tokens=_count(getattr(usage, "completion_tokens", None)),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         latency_s=latency_s,
         attempts=attempts,
-        cost_usd=_cost_usd(response),
-        cached=_cache_hit(response),
+        cost_usd=0.0 if cached else _cost_usd(model, prompt_tokens, completion_tokens),
+        cached=cached,
     )

@@ -7,12 +7,10 @@ import string
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from mm_batch.errors import ExitCode
-from mm_batch.run.records import RunResult, usd
-
-Amount = TypeVar("Amount", int, float)
+from mm_batch.run.records import COST_LIMIT_REASON, RunResult, total_usd, usd
 
 
 @dataclass(frozen=True)
@@ -26,6 +24,7 @@ class TaskVerdict:
     failed: int
     errors: int
     min_pass_rate: float
+    stopped: int = 0  # runs `--max-cost` did not start: never a tolerated repeat
 
     @property
     def pass_rate(self) -> float:
@@ -33,7 +32,7 @@ class TaskVerdict:
 
     @property
     def status(self) -> str:
-        if self.runs and self.pass_rate >= self.min_pass_rate:
+        if self.runs and self.pass_rate >= self.min_pass_rate and not self.stopped:
             return "passed"
         return "failed" if self.failed else "error"
 
@@ -63,7 +62,7 @@ class ModelLine:
         return "-" if self.cost_usd is None else usd(self.cost_usd)
 
 
-def _total(values: Sequence[Amount | None]) -> Amount | None:
+def _total(values: Sequence[int | None]) -> int | None:
     """The sum, or None when any value is unknown."""
     known = [v for v in values if v is not None]
     return sum(known) if len(known) == len(values) else None
@@ -82,6 +81,7 @@ def task_verdicts(results: Sequence[RunResult], min_pass_rate: float) -> list[Ta
             sum(r.status == "failed" for r in rs),
             sum(r.status == "error" for r in rs),
             min_pass_rate,
+            sum(r.status == "error" and r.reason.startswith(COST_LIMIT_REASON) for r in rs),
         )
         for (task, model), rs in groups.items()
     ]
@@ -108,7 +108,7 @@ def model_lines(results: Sequence[RunResult]) -> list[ModelLine]:
             sum(r.duration_s for r in rs) / len(rs),
             _total([r.prompt_tokens for r in rs]),
             _total([r.completion_tokens for r in rs]),
-            _total([r.cost_usd for r in rs]),
+            total_usd(r.cost_usd for r in rs),
         )
         for model, rs in groups.items()
     ]

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,14 +30,22 @@ from mm_batch.run.ports import (
     SandboxError,
 )
 from mm_batch.run.pristine import Pristine
-from mm_batch.run.records import Recorder, RunRecorder, RunResult, Status, usage, usd
+from mm_batch.run.records import (
+    COST_LIMIT_REASON,
+    Recorder,
+    RunRecorder,
+    RunResult,
+    Status,
+    total_usd,
+    usage,
+    usd,
+)
 from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
 
 # After a cancel, how long running task runs get to stop before they are reported as errors.
 CANCEL_GRACE_S = 3.0
 # How long past its timeout a task run may take to wind down before it is given up on.
 OVERRUN_GRACE_S = 4.0
-COST_LIMIT_REASON = "cost limit reached"
 
 
 @dataclass(frozen=True)
@@ -79,27 +87,42 @@ class _Slot:
 
 class _Spending:
     """What the batch has spent (USD), summed from the model records as every run's thread
-    writes them: a run about to start sees what the runs in flight have spent so far."""
+    writes them: a run about to start sees what the runs in flight have spent so far. A turn
+    of a model with a price whose cost is unknown (counts a provider did not report, or
+    reported as nonsense) cannot be counted: with a limit, that stops the batch too, rather
+    than let it spend unseen."""
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, unpriced: Collection[str]) -> None:
         self._recorder = recorder
+        self._unpriced = unpriced
         self._lock = threading.Lock()
-        self._spent = 0.0
+        self._costs: list[float] = []
+        self._uncounted = 0
 
     def write(self, record: dict[str, Any]) -> None:
         self._recorder.write(record)
-        cost = record.get("cost_usd")  # 0 for a reply from a cache; None where unpriced
-        if record.get("kind") == "model" and isinstance(cost, float | int):
-            with self._lock:
-                self._spent += cost
+        if record.get("kind") != "model":
+            return
+        cost = record.get("cost_usd")  # 0 for a reply from the cache
+        with self._lock:
+            if isinstance(cost, float | int):
+                self._costs.append(float(cost))
+            elif record.get("model") not in self._unpriced:
+                self._uncounted += 1
 
     def limit_reached(self, max_cost: float | None) -> str | None:
         """The reason a run is not started, once what was spent reaches `max_cost`."""
-        with self._lock:
-            spent = self._spent
-        if max_cost is None or spent < max_cost:
+        if max_cost is None:
             return None
-        return f"{COST_LIMIT_REASON}: {usd(spent)} USD spent of {usd(max_cost)}"
+        with self._lock:
+            costs, uncounted = list(self._costs), self._uncounted
+        if uncounted:
+            return f"{COST_LIMIT_REASON}: the cost of {uncounted} model turn(s) cannot be counted"
+        spent = total_usd(costs)
+        if spent is not None and spent < max_cost:
+            return None
+        shown = "more than a float holds" if spent is None else usd(spent)
+        return f"{COST_LIMIT_REASON}: {shown} USD spent of {usd(max_cost)}"
 
 
 def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
@@ -114,10 +137,12 @@ def run_batch(
     cancel: threading.Event,
     on_result: Callable[[RunResult], None] = lambda _: None,
     pristine: Pristine | None = None,
+    unpriced: Collection[str] = (),
 ) -> list[RunResult]:
-    """Run the plan; return one result per run, in plan order, whatever happened."""
+    """Run the plan; return one result per run, in plan order, whatever happened. `unpriced`:
+    the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0."""
     files = pristine if pristine is not None else Pristine()
-    spending = _Spending(recorder)
+    spending = _Spending(recorder, unpriced)
     slots = [
         _Slot(
             spec,

@@ -7,10 +7,12 @@ the keys or the closed vocabularies, and text is cut to 1 MiB after masking.
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, ClassVar, Literal, Protocol
 
 from mm_batch.config.secrets import Masker
@@ -224,21 +226,43 @@ class RunResult:
     cost_usd: float | None = None
 
 
+COST_LIMIT_REASON = "cost limit reached"  # the reason of a run `--max-cost` did not start
+
+
 def usd(amount: float) -> str:
-    """An amount of USD in plain decimals (up to 8 places, no exponent): 0.0000135, 1.25."""
-    text = f"{amount:.8f}".rstrip("0").rstrip(".")
+    """An amount of USD in plain decimals, to 12 significant digits and no exponent:
+    0.0000135, 1.25, 0.000000001."""
+    if not math.isfinite(amount):
+        return str(amount)
+    text = format(Decimal(f"{amount:.12g}"), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
     return text if text not in ("", "-0") else "0"
+
+
+def total_usd(amounts: Iterable[float | None]) -> float | None:
+    """The exact sum of the amounts (math.fsum: no drift over many small costs), or None when
+    any is unknown or the sum is beyond what a float holds."""
+    known: list[float] = []
+    for amount in amounts:
+        if amount is None:
+            return None
+        known.append(amount)
+    try:
+        total = math.fsum(known)
+    except OverflowError:
+        return None
+    return total if math.isfinite(total) else None
 
 
 def usage(result: RunResult, turns: Sequence[ModelRecord]) -> RunResult:
     """The result with what its model turns used: the tokens they reported, and their cost,
     unknown (None) when any turn's is."""
-    known = [t.cost_usd for t in turns if t.cost_usd is not None]
     return replace(
         result,
         prompt_tokens=sum(t.prompt_tokens or 0 for t in turns),
         completion_tokens=sum(t.completion_tokens or 0 for t in turns),
-        cost_usd=float(sum(known)) if len(known) == len(turns) else None,
+        cost_usd=total_usd(t.cost_usd for t in turns),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from mm_batch.config.model import CacheSettings
+from mm_batch.config.secrets import Masker
 from mm_batch.effects import cache as cache_module
 from mm_batch.effects.litellm import load_litellm
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
@@ -389,7 +390,7 @@ def test_the_backend_hands_litellm_only_entries_it_wrote(
     load_litellm()
     folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "readwrite"))
     try:
-        backend = cache_module.install(load_litellm(), folder)
+        backend = cache_module.install(load_litellm(), folder, Masker([]))
         key = cache_module.request_key("m", [{"role": "user", "content": "hi"}], [], {})
         reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "yo"}}]}
         backend.set_cache(key, {"timestamp": 1.0, "response": json.dumps(reply)}, model="m")
