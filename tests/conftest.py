@@ -220,6 +220,22 @@ def model_args(server: FakeOpenAI) -> list[str]:
     return ["--model", "hosted_vllm/fake", "--model-option", f"api_base={server.url}"]
 
 
+PRICED_MODEL = "openai/gpt-4o-mini"  # in litellm's bundled price map
+
+
+def priced_model_args(server: FakeOpenAI, model: str = PRICED_MODEL) -> list[str]:
+    """The options that send `model` (one litellm prices, by default) to the fake server;
+    litellm's OpenAI client wants a key, which the fake server never reads."""
+    return [
+        "--model",
+        model,
+        "--model-option",
+        f"api_base={server.url}",
+        "--model-option",
+        "api_key=not-a-real-key",
+    ]
+
+
 # A program that prints its argv (after argv[0]) as JSON: what really reached the process.
 ARGV_PRINTER = textwrap.dedent(
     """\

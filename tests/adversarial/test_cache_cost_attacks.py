@@ -34,6 +34,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
 )
 from tests.conftest import CliResult, check_report, read_calls, write
+from tests.conftest import priced_model_args as _model
 
 Cli = Callable[..., CliResult]
 Fake = Callable[..., FakeOpenAI]
@@ -67,17 +68,6 @@ def _suite(directory: Path, agent_top: str = "yolo: true", tasks_top: str = "") 
 
 def _script() -> Script:
     return by_prompt({PROMPT: [tool_call("probe", {}), text("The service is green.")]})
-
-
-def _model(server: FakeOpenAI, model: str = PRICED) -> list[str]:
-    return [
-        "--model",
-        model,
-        "--model-option",
-        f"api_base={server.url}",
-        "--model-option",
-        "api_key=sk-fake",
-    ]
 
 
 def _run(

@@ -21,6 +21,7 @@ from mm_batch.effects import cache as cache_module
 from mm_batch.effects.litellm import load_litellm
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
 from tests.conftest import CliResult, check_report, read_calls, write
+from tests.conftest import priced_model_args as _model
 
 Cli = Callable[..., CliResult]
 Fake = Callable[..., FakeOpenAI]
@@ -58,18 +59,6 @@ def _suite(directory: Path, tasks_extra: str = "", agent_extra: str = "") -> Pat
 
 def _script() -> Script:
     return by_prompt({PROMPT: [tool_call("probe", {}), text("The service is green.")]})
-
-
-def _model(server: FakeOpenAI, model: str = PRICED) -> list[str]:
-    # litellm's OpenAI client wants a key; the fake server reads none.
-    return [
-        "--model",
-        model,
-        "--model-option",
-        f"api_base={server.url}",
-        "--model-option",
-        "api_key=sk-fake",
-    ]
 
 
 def _turns(out: Path) -> list[dict[str, Any]]:

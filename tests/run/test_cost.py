@@ -28,6 +28,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
 )
 from tests.conftest import CliResult, check_report, read_calls, write
+from tests.conftest import priced_model_args as _model
 
 Cli = Callable[..., CliResult]
 Fake = Callable[..., FakeOpenAI]
@@ -67,18 +68,6 @@ def _script() -> Script:
         {PROMPTS[0]: [tool_call("status", {"service": "billing"}), text("billing is ok")]},
         default=text("all good"),
     )
-
-
-def _model(server: FakeOpenAI, model: str = PRICED) -> list[str]:
-    # litellm's OpenAI client wants a key; the fake server reads none.
-    return [
-        "--model",
-        model,
-        "--model-option",
-        f"api_base={server.url}",
-        "--model-option",
-        "api_key=not-a-real-key",
-    ]
 
 
 def _summary(out: Path) -> dict[str, Any]:
