@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from mm_batch.effects import cache as cache_module
-from mm_batch.effects import litellm as litellm_effects
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     RawReply,
@@ -35,6 +34,7 @@ from mm_batch.testing.fake_openai import (
 )
 from tests.conftest import CliResult, check_report, read_calls, write
 from tests.conftest import priced_model_args as _model
+from tests.run.test_cost import turn_usd
 
 Cli = Callable[..., CliResult]
 Fake = Callable[..., FakeOpenAI]
@@ -612,11 +612,6 @@ def test_a_hostile_cache_path_is_a_usage_or_config_error(
 PROMPTS = ["Check billing.", "Check search.", "Check mail.", "Check disks."]
 
 
-def _turn_usd() -> float:
-    price = litellm_effects.load_litellm().model_cost["gpt-4o-mini"]
-    return float(10 * price["input_cost_per_token"] + 5 * price["output_cost_per_token"])
-
-
 def _cost_suite(directory: Path, prompts: list[str] = PROMPTS, jobs: int = 1) -> Path:
     write(
         directory,
@@ -672,7 +667,7 @@ def test_a_hostile_usage_cannot_dodge_max_cost_unnoticed(
     tasks = _cost_suite(tmp_path)
     server = fake_model(_hostile_first(usage))
     out = tmp_path / "out"
-    limit = str(_turn_usd() / 2)  # any honest first turn spends past it
+    limit = str(turn_usd() / 2)  # any honest first turn spends past it
     result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
     assert result.code != 4, result.err
     check_report(out / "junit.xml")
@@ -698,7 +693,7 @@ def test_a_reply_cannot_set_its_own_cost(
     tasks = _cost_suite(tmp_path)
     server = fake_model(lambda _: _completion(usage, top=top))
     out = tmp_path / "out"
-    limit = str(_turn_usd() / 2)  # what gpt-4o-mini's price map says a turn costs is more
+    limit = str(turn_usd() / 2)  # what gpt-4o-mini's price map says a turn costs is more
     result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
     assert result.code != 4, result.err
     check_report(out / "junit.xml")
@@ -750,7 +745,7 @@ def test_a_reply_naming_a_free_model_cannot_dodge_max_cost(
     tasks = _cost_suite(tmp_path)
     server = fake_model(script)
     out = tmp_path / "out"
-    limit = str(_turn_usd() / 2)  # what mm-batch asked for costs more than this a turn
+    limit = str(turn_usd() / 2)  # what mm-batch asked for costs more than this a turn
     result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
     assert result.code != 4, result.err
     check_report(out / "junit.xml")
@@ -812,7 +807,7 @@ def test_a_planted_cache_entry_with_huge_usage_costs_nothing(
         data = json.loads(path.read_text())
         data["response"]["usage"] = {"prompt_tokens": 2**53 - 1, "completion_tokens": 2**52}
         path.write_text(json.dumps(data))
-    limit = str(_turn_usd() * 10)
+    limit = str(turn_usd() * 10)
     result = _run(cli, tasks, server, tmp_path / "out", "--cache", cache, "--max-cost", limit)
     assert result.code == 0, result.err
     assert [t["cost_usd"] for t in _turns(tmp_path / "out")] == [0, 0]
@@ -826,7 +821,7 @@ def test_with_jobs_above_one_no_run_starts_after_the_limit(
     tasks = _cost_suite(tmp_path, prompts, jobs=3)
     server = fake_model(lambda _: text("all good"), latency_s=0.3)
     out = tmp_path / "out"
-    result = cli("run", tasks, *_model(server), "--max-cost", str(_turn_usd() / 2), "--out", out)
+    result = cli("run", tasks, *_model(server), "--max-cost", str(turn_usd() / 2), "--out", out)
     assert result.code == 3, result.err
     check_report(out / "junit.xml")
     statuses = [r["status"] for r in _summary(out)["runs"]]
@@ -841,7 +836,7 @@ def test_a_spend_that_reaches_the_limit_exactly_starts_no_more_run(
     prompts = [f"Check service {i}." for i in range(turns + 2)]
     tasks = _cost_suite(tmp_path, prompts)
     server = fake_model(lambda _: text("all good"))
-    assert _turn_usd() == 4.5e-06
+    assert turn_usd() == 4.5e-06
     limit = f"{turns * 45}e-7"  # exactly what 111 turns spend
     out = tmp_path / "out"
     result = cli("run", tasks, *_model(server), "--max-cost", limit, "--out", out)
@@ -861,7 +856,7 @@ def test_runs_stopped_by_the_cost_limit_never_make_a_batch_pass(
     )
     server = fake_model(lambda _: text("all good"))
     out = tmp_path / "out"
-    result = cli("run", tasks, *_model(server), "--max-cost", str(_turn_usd() / 2), "--out", out)
+    result = cli("run", tasks, *_model(server), "--max-cost", str(turn_usd() / 2), "--out", out)
     check_report(out / "junit.xml")
     assert len(server.requests) == 1
     assert result.code == 3, result.err

@@ -38,7 +38,7 @@ UNPRICED = "hosted_vllm/fake"
 PROMPTS = ["Check billing.", "Check search.", "Check mail.", "Check disks."]
 
 
-def _turn_usd() -> float:
+def turn_usd() -> float:
     """One fake turn (10 prompt, 5 completion tokens) at litellm's bundled prices."""
     price = litellm_effects.load_litellm().model_cost["gpt-4o-mini"]
     return float(10 * price["input_cost_per_token"] + 5 * price["output_cost_per_token"])
@@ -87,7 +87,7 @@ def test_tokens_and_cost_reach_records_and_every_summary(
     result = cli("run", tasks, *_model(fake), "--out", out)
     assert result.code == 0, result.err
     check_report(out / "junit.xml")
-    turn = _turn_usd()
+    turn = turn_usd()
     assert turn == pytest.approx(4.5e-6)  # gpt-4o-mini: 0.15 and 0.60 USD per million tokens
     turns = _turns(out)
     assert len(turns) == 3
@@ -129,7 +129,7 @@ def test_litellm_own_price_of_a_response_is_read_not_computed_again(
     tasks = _suite(tmp_path, PROMPTS[1:2])
     result = cli("run", tasks, *_model(fake_model(_script())), "--out", tmp_path / "out")
     assert result.code == 0, result.err
-    assert [r["cost_usd"] for r in _turns(tmp_path / "out")] == [pytest.approx(_turn_usd())]
+    assert [r["cost_usd"] for r in _turns(tmp_path / "out")] == [pytest.approx(turn_usd())]
     assert asked == []
 
 
@@ -181,7 +181,7 @@ def test_max_cost_starts_no_run_once_the_batch_spent_it(
     tasks = _suite(tmp_path)
     fake = fake_model(_script())
     out = tmp_path / "out"
-    limit = _turn_usd() / 2  # the first turn already spends past it
+    limit = turn_usd() / 2  # the first turn already spends past it
     result = cli("run", tasks, *_model(fake), "--max-cost", str(limit), "--out", out)
     assert result.code == 3, result.err  # nothing failed; runs could not be judged
     check_report(out / "junit.xml")
@@ -267,7 +267,7 @@ def test_a_merge_of_shards_keeps_tokens_and_cost(
     (model,) = summary["models"]
     # Five turns in all: two for the first task, one for each other.
     assert (model["prompt_tokens"], model["completion_tokens"]) == (50, 25)
-    assert model["cost_usd"] == pytest.approx(5 * _turn_usd())
+    assert model["cost_usd"] == pytest.approx(5 * turn_usd())
     parts = [r for shard in shards for r in _summary(shard)["runs"]]
     fields = ("run", "prompt_tokens", "completion_tokens", "cost_usd")
     by_run = operator.itemgetter("run")
