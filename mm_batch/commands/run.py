@@ -158,6 +158,7 @@ def run(
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
     facts = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
     previous = None if rerun_from is None else read_previous(rerun_from).masked(masker)
+    in_place = rerun_from is not None and _resolved(rerun_from) == _resolved(out_dir)
     if previous is not None:  # read whole now: it may be the folder about to be replaced
         plan = rerun_plan(plan, previous, masker)
         warn_if_changed(previous, facts)
@@ -182,8 +183,7 @@ def run(
             try:
                 # A rerun into DIR itself keeps DIR's verdicts until the new ones replace them:
                 # killed meanwhile, it leaves a folder that can be rerun again.
-                rerun_in_place = rerun_from is not None and folder.path == _resolved(rerun_from)
-                folder.clear(keep=(SUMMARY_JSON, JUNIT) if rerun_in_place else ())
+                folder.clear(keep=(SUMMARY_JSON, JUNIT) if in_place else ())
                 recorder = JsonlRecorder(folder.open_log(CALLS))
                 try:
                     if previous is not None:

@@ -83,12 +83,6 @@ class ResultsFolder:
             return False
         return stat.S_ISREG(info.st_mode) and info.st_ino == inode
 
-    def read(self, name: str) -> str:
-        """A file written here before (calls.jsonl for report.html), never through a link."""
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=self._fd)
-        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-
     def write(self, name: str, text: str) -> None:
         """Write beside the target, then rename over it: atomic, and never through a link."""
         temporary = f".{name}.{secrets.token_hex(6)}.tmp"
