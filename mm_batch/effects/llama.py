@@ -178,12 +178,13 @@ class LlamaServer:
                 return
 
     def _save_prompt(self) -> None:
-        """Save the prompt of the first slot that holds one, for the next run's server. The
-        server writes it under a name of this process, renamed once whole: a server loading
-        the file never reads half of it, and two runs ending at once each replace it whole."""
+        """Save the prompt of the first idle slot that holds one, for the next run's server.
+        A busy slot (a run stopped mid-turn) is not asked: its save would wait for the turn.
+        The server writes the file under a name of this process, renamed once whole: a server
+        loading it never reads half of it, and two runs ending at once each replace it whole."""
         if not prompt_dir().is_dir():  # the server was started without a folder to save to
             return
-        for slot in range(self.slots):
+        for slot in self._idle_slots():
             partial = prompt_dir() / f"{self.prompt_file}.{os.getpid()}-{slot}.part"
             try:
                 saved = self._slot_file(slot, "save", partial.name)
@@ -194,6 +195,15 @@ class LlamaServer:
                     return
             finally:
                 partial.unlink(missing_ok=True)
+
+    def _idle_slots(self) -> list[int]:
+        """The slots not computing now, from the server's /slots; none when it does not say."""
+        url = f"http://127.0.0.1:{self.port}/slots"
+        try:
+            with urllib.request.urlopen(url, timeout=SLOT_FILE_TIMEOUT_S) as response:
+                return [int(s["id"]) for s in json.loads(response.read()) if not s["is_processing"]]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+            return []
 
     def _slot_file(self, slot: int, action: str, filename: str) -> int | None:
         """Save or restore one slot's prompt; the number of tokens, or None when it failed."""

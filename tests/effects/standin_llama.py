@@ -3,7 +3,9 @@
 Run as `python standin_llama.py <llama-server argv...>`. It writes its argv (JSON) to
 $STANDIN_DIR/argv-<port>.json, answers every completion after $STANDIN_LATENCY_S seconds with
 a short text, and appends `<port> <start> <end> <max_tokens>` for each to $STANDIN_DIR/calls.log:
-the intervals in which it "computed". Slots are saved (`/slots/N?action=save`) as a JSON file of
+the intervals in which it "computed"; /slots says slot 0 computes while a completion is in flight
+(and its save waits until it is done).
+Slots are saved (`/slots/N?action=save`) as a JSON file of
 the port and the completions answered so far, and restored from such a file only (anything
 else is refused, as llama-server refuses a state it cannot load, and all of it without
 --slot-save-path); each restore appends
@@ -24,14 +26,20 @@ ARGV = sys.argv[1:]
 PORT = int(ARGV[ARGV.index("--port") + 1])
 DIR = Path(os.environ["STANDIN_DIR"])
 LATENCY_S = float(os.environ.get("STANDIN_LATENCY_S", "0"))
+PARALLEL = int(ARGV[ARGV.index("--parallel") + 1])
 SLOTS = Path(ARGV[ARGV.index("--slot-save-path") + 1]) if "--slot-save-path" in ARGV else None
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     answered = 0  # completions so far: the tokens a saved slot "holds"
+    computing = 0  # completions in flight: slot 0 is busy while there is one
 
     def do_GET(self) -> None:
+        if self.path == "/slots":
+            busy = Handler.computing > 0
+            self._send([{"id": i, "is_processing": busy and i == 0} for i in range(PARALLEL)])
+            return
         self._send({"status": "ok"})
 
     def do_POST(self) -> None:
@@ -40,7 +48,9 @@ class Handler(BaseHTTPRequestHandler):
             self._slot_file(int(self.path.split("/")[2].split("?")[0]), body["filename"])
             return
         started = time.time()
+        Handler.computing += 1
         time.sleep(LATENCY_S)
+        Handler.computing -= 1
         with (DIR / "calls.log").open("a") as log:
             log.write(f"{PORT} {started} {time.time()} {body.get('max_tokens')}\n")
         message = {"role": "assistant", "content": "done"}
@@ -63,6 +73,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send({"error": {"code": 501, "message": "slot save is not enabled"}}, 501)
             return
         if self.path.endswith("action=save"):
+            while slot == 0 and Handler.computing:  # as llama-server: a busy slot's turn first
+                time.sleep(0.05)
             (SLOTS / filename).write_text(json.dumps({"port": PORT, "answered": Handler.answered}))
             self._send({"id_slot": slot, "n_saved": Handler.answered})
             return
@@ -76,7 +88,7 @@ class Handler(BaseHTTPRequestHandler):
             log.write(f"{PORT} {slot} {text}\n")
         self._send({"id_slot": slot, "n_restored": 1})
 
-    def _send(self, payload: dict[str, Any], status: int = 200) -> None:
+    def _send(self, payload: object, status: int = 200) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

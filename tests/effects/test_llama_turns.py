@@ -307,3 +307,27 @@ def test_without_a_folder_for_prompts_the_server_runs_as_before(
     local.complete(SMALL)
     local.effects.shutdown()
     assert prompt_dir().read_text() == "a file where the folder would be"
+
+
+def test_a_server_stopped_mid_turn_saves_an_idle_slot_without_waiting(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    local = local_effects(SMALL, latency_s=3.0)
+    local.complete(SMALL)
+    cut: list[BaseException] = []
+
+    def stopped_turn() -> None:
+        try:
+            local.complete(SMALL)
+        except Exception as exc:  # the server stops under it
+            cut.append(exc)
+
+    turn = threading.Thread(target=stopped_turn)
+    turn.start()
+    time.sleep(0.5)  # slot 0 computes now; slot 1 holds a prompt
+    asked = time.monotonic()
+    local.effects.shutdown()
+    assert time.monotonic() - asked < 1.0  # the busy slot was not asked to save
+    turn.join()
+    assert cut, "the turn in flight should have been cut by the stop"
+    assert json.loads(_saved(SMALL, tmp_path / "llama-server").read_text())["answered"] == 1
