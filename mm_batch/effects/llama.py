@@ -35,6 +35,23 @@ MAX_TOKENS = 512
 SLOT_FILE_TIMEOUT_S = 2.0
 
 
+# The server listens on loopback: no proxy of the environment (HTTP_PROXY in a CI) may stand
+# between, for mm-batch's own requests here nor for litellm's (see `_loopback_direct`).
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _loopback_direct() -> None:
+    """Name the loopback hosts in NO_PROXY (both spellings): httpx, litellm's client, would
+    send even a request to 127.0.0.1 through an HTTP proxy of the environment otherwise. It
+    changes nothing else: the tools' environment is built apart (SPEC 3)."""
+    for name in ("NO_PROXY", "no_proxy"):
+        hosts = [h.strip() for h in os.environ.get(name, "").split(",") if h.strip()]
+        missing = [h for h in _LOOPBACK_HOSTS if h not in hosts]
+        if missing:
+            os.environ[name] = ",".join([*hosts, *missing])
+
+
 class ServerError(Exception):
     """The model server could not start, or died."""
 
@@ -116,6 +133,7 @@ class LlamaServer:
         """Start the process without waiting for it: servers load their models side by side.
         Called from the main thread: the server dies with it (see `start_service`)."""
         self.port = _free_port()
+        _loopback_direct()
         with contextlib.suppress(OSError):  # without it, no prompt is saved: nothing else changes
             prompt_dir().mkdir(parents=True, exist_ok=True)
         self.proc = start_service(self.argv(), self.log_path)
@@ -143,7 +161,7 @@ class LlamaServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+            with _LOOPBACK.open(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                 return int(r.status) == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
@@ -200,7 +218,7 @@ class LlamaServer:
         """The slots not computing now, from the server's /slots; none when it does not say."""
         url = f"http://127.0.0.1:{self.port}/slots"
         try:
-            with urllib.request.urlopen(url, timeout=SLOT_FILE_TIMEOUT_S) as response:
+            with _LOOPBACK.open(url, timeout=SLOT_FILE_TIMEOUT_S) as response:
                 return [int(s["id"]) for s in json.loads(response.read()) if not s["is_processing"]]
         except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
             return []
@@ -213,7 +231,7 @@ class LlamaServer:
             headers={"Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=SLOT_FILE_TIMEOUT_S) as response:
+            with _LOOPBACK.open(request, timeout=SLOT_FILE_TIMEOUT_S) as response:
                 answer = json.loads(response.read())
             return int(answer["n_saved" if action == "save" else "n_restored"])
         except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):

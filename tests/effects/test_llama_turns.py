@@ -6,6 +6,8 @@ path of `default_effects`."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import threading
 import time
@@ -331,3 +333,20 @@ def test_a_server_stopped_mid_turn_saves_an_idle_slot_without_waiting(
     turn.join()
     assert cut, "the turn in flight should have been cut by the stop"
     assert json.loads(_saved(SMALL, tmp_path / "llama-server").read_text())["answered"] == 1
+
+
+def test_a_proxy_of_the_environment_never_stands_between_mm_batch_and_its_local_server(
+    local_effects: Callable[..., _Local], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI's HTTP_PROXY (here a port that refuses every connection) must not reach loopback:
+    neither the health checks nor litellm's requests go through it."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.setenv(name, dead)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "example.com")
+    local = local_effects(SMALL)
+    assert local.complete(SMALL) >= 0  # through the real litellm path, to the stand-in
+    assert os.environ["NO_PROXY"] == "example.com,127.0.0.1,localhost"
