@@ -108,18 +108,14 @@ def rerun_plan(plan: Plan, previous: Previous, masker: Masker) -> Plan:
     # A run made again takes the place of the one it replaces, also when tasks were added
     # since: the order of the reports stays DIR's.
     index = {r.run_id: r.index for r in previous.results}
-    runs = tuple(
-        replace(r, rerun=True, index=index[masker.text(r.run_id)])
-        for r in plan.runs
-        if masker.text(r.run_id) in again
-    )
-    in_plan = {masker.text(r.run_id) for r in plan.runs}
-    absent = [r for r in plan.runs if masker.text(r.run_id) not in previous.run_ids]
-    kept_failing = sorted(again - in_plan)
+    ids = {masker.text(r.run_id): r for r in plan.runs}  # as the reports name them
+    runs = tuple(replace(r, rerun=True, index=index[i]) for i, r in ids.items() if i in again)
+    absent = [i for i in ids if i not in previous.run_ids]
+    kept_failing = sorted(again - ids.keys())
     if absent:
         click.echo(
             f"mm-batch: {len(absent)} run(s) of the plan are not in {where} and do not run "
-            f"(first: {masker.text(absent[0].run_id)}); run without --rerun-failed to run them",
+            f"(first: {absent[0]}); run without --rerun-failed to run them",
             err=True,
         )
     if kept_failing:

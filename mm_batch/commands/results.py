@@ -13,7 +13,7 @@ import math
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from mm_batch.errors import UsageError
 from mm_batch.report.files import CALLS, JUNIT, SUMMARY_JSON
@@ -39,7 +39,7 @@ def refusing(consequence: str) -> Iterator[None]:
 _RUN_KEYS = {"run", "task", "model", "repeat", "status", "reason", "duration_s", "line", "index"}
 
 
-def is_number(value: object) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -68,7 +68,7 @@ def _is_count(value: object) -> bool:
 
 
 def _is_usd(value: object) -> bool:
-    return value is None or (isinstance(value, int | float) and is_number(value) and value >= 0)
+    return value is None or (is_number(value) and value >= 0)
 
 
 def _is_summary(data: object) -> bool:

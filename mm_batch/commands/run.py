@@ -99,17 +99,18 @@ def _check_outside_mounts(plan: Plan, out_dir: Path) -> None:
 
 
 def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
-    """The models (masked) litellm knows no price for. With a cost limit, each is said once
-    (its calls count 0), before the first run, so that the live progress line does not cut
-    it."""
+    """With a cost limit, the models (masked) litellm knows no price for, each said once (its
+    calls count 0) before the first run, so that the live progress line does not cut it.
+    Without one, none is looked up: nothing counts."""
+    if plan.max_cost is None:
+        return frozenset()
     unpriced = frozenset(masker.text(m) for m in plan.models if not knows_price(m))
-    if plan.max_cost is not None:
-        for model in sorted(unpriced):
-            click.echo(
-                f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
-                "be counted against --max-cost",
-                err=True,
-            )
+    for model in sorted(unpriced):
+        click.echo(
+            f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "
+            "be counted against --max-cost",
+            err=True,
+        )
     return unpriced
 
 
