@@ -47,6 +47,8 @@ from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
 CANCEL_GRACE_S = 3.0
 # How long past its timeout a task run may take to wind down before it is given up on.
 OVERRUN_GRACE_S = 4.0
+# How often the batch looks for runs past their timeout and grace.
+WATCH_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,6 @@ def run_batch(
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened. `unpriced`:
     the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0."""
-    files = pristine if pristine is not None else Pristine()
     spending = _Spending(recorder, unpriced)
     slots = [
         _Slot(
@@ -166,67 +167,10 @@ def run_batch(
         )
         for spec in plan.runs
     ]
-    pending: queue.Queue[_Slot] = queue.Queue()
-    for slot in sorted(slots, key=_dispatch_order(plan)):
-        pending.put(slot)
-    limits = _semaphores(plan)
-    lock = threading.Lock()
-    finished = threading.Condition(lock)
-    done = 0
-
-    def settle(slot: _Slot, result: RunResult) -> None:
-        nonlocal done
-        with finished:
-            if slot.result is None:
-                slot.result = result = slot.counted(result)
-                done += 1
-                with contextlib.suppress(Exception):  # a progress display never stops a batch
-                    on_result(result)
-            if done == len(slots) or cancel.is_set():  # what the waiting thread waits for
-                finished.notify_all()
-
-    def work() -> None:
-        while not cancel.is_set():
-            try:
-                slot = pending.get_nowait()
-            except queue.Empty:
-                return
-            limit = limits.get(slot.spec.model)
-            if limit is not None:
-                limit.acquire()
-            try:
-                over = spending.limit_reached(plan.max_cost)
-                if over is not None:
-                    settle(slot, slot.close("error", over))
-                else:
-                    settle(slot, _supervise(slot, effects, masker, cancel, files))
-            except BaseException as exc:  # never lose a run, even to a bug of the supervisor
-                settle(slot, slot.close("error", internal_error(exc), traceback.format_exc()))
-            finally:
-                if limit is not None:
-                    limit.release()
-
-    # Daemon threads: an interrupted batch must not wait for a model call still in flight.
-    workers = [
-        threading.Thread(target=work, daemon=True, name=f"mm-batch-{i}")
-        for i in range(max(1, min(plan.jobs, len(slots))))
-    ]
-    for w in workers:
-        w.start()
-    with finished:
-        while done < len(slots) and not cancel.is_set():
-            finished.wait(timeout=0.2)
-            if not any(w.is_alive() for w in workers):
-                break  # every worker is gone: what is left can never start
-        if cancel.is_set():
-            grace_end = time.monotonic() + CANCEL_GRACE_S
-            while done < len(slots) and any(
-                s.started is not None and s.result is None for s in slots
-            ):
-                left = grace_end - time.monotonic()
-                if left <= 0:
-                    break
-                finished.wait(timeout=min(left, 0.1))
+    batch = _Batch(
+        plan, slots, effects, masker, cancel, on_result, pristine or Pristine(), spending
+    )
+    batch.run()
     for slot in slots:
         if slot.result is None:
             reason = INTERRUPTED if cancel.is_set() else "internal error: the run never started"
@@ -234,34 +178,137 @@ def run_batch(
     return [s.result for s in slots if s.result is not None]
 
 
-def _supervise(
-    slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event, pristine: Pristine
-) -> RunResult:
-    """Run one task run on a thread of its own, and give up on it past its timeout."""
-    slot.started = time.monotonic()
-    box: list[RunResult] = []
+class _Batch:
+    """Worker threads that each run one task run at a time, on their own thread, and the
+    calling thread watching them: a run past its timeout and grace is given up on (its thread
+    left behind, its model slot freed, another worker started in its place). One watcher for
+    all runs, rather than a thread of its own for each: handing a run to another thread and
+    back cost two switches of the interpreter lock a run, which at 16 jobs kept each waiting
+    behind the others' litellm work."""
 
-    def target() -> None:
-        try:
-            box.append(_run_one(slot, effects, masker, cancel, pristine))
-        except BaseException as exc:  # whatever a run raises ends that run, not the batch
-            box.append(slot.close("error", internal_error(exc), traceback.format_exc()))
+    def __init__(
+        self,
+        plan: Plan,
+        slots: list[_Slot],
+        effects: Effects,
+        masker: Masker,
+        cancel: threading.Event,
+        on_result: Callable[[RunResult], None],
+        pristine: Pristine,
+        spending: _Spending,
+    ) -> None:
+        self.plan = plan
+        self.slots = slots
+        self.effects = effects
+        self.masker = masker
+        self.cancel = cancel
+        self.on_result = on_result
+        self.pristine = pristine
+        self.spending = spending
+        self.pending: queue.Queue[_Slot] = queue.Queue()
+        for slot in sorted(slots, key=_dispatch_order(plan)):
+            self.pending.put(slot)
+        self.limits = _semaphores(plan)
+        self.finished = threading.Condition(threading.Lock())
+        self.done = 0
+        self.flying: set[_Slot] = set()  # started, and their worker has not returned from them
+        self.workers: list[threading.Thread] = []
 
-    runner = threading.Thread(target=target, daemon=True, name=f"mm-batch-run-{slot.spec.run_id}")
-    runner.start()
-    timeout = slot.spec.task.timeout
-    hard_stop = slot.started + timeout + OVERRUN_GRACE_S
-    cancelled_at: float | None = None
-    while runner.is_alive():
+    def run(self) -> None:
+        for _ in range(max(1, min(self.plan.jobs, len(self.slots)))):
+            self._start_worker()
+        while True:
+            with self.finished:
+                if self.done >= len(self.slots) or self.cancel.is_set():
+                    break
+                self.finished.wait(timeout=WATCH_S)
+                overdue = self._overdue()
+                if not overdue and not any(w.is_alive() for w in self.workers):
+                    break  # every worker is gone: what is left can never start
+            for slot in overdue:
+                self._give_up(slot)
+        if self.cancel.is_set():
+            self._cancel_grace()
+
+    def _start_worker(self) -> None:
+        # Daemon threads: an interrupted batch must not wait for a model call still in flight.
+        worker = threading.Thread(
+            target=self._work, daemon=True, name=f"mm-batch-{len(self.workers)}"
+        )
+        self.workers.append(worker)
+        worker.start()
+
+    def _work(self) -> None:
+        while not self.cancel.is_set():
+            try:
+                slot = self.pending.get_nowait()
+            except queue.Empty:
+                return
+            limit = self.limits.get(slot.spec.model)
+            if limit is not None:
+                limit.acquire()
+            with self.finished:
+                slot.started = time.monotonic()
+                self.flying.add(slot)
+            try:
+                over = self.spending.limit_reached(self.plan.max_cost)
+                if over is not None:
+                    result = slot.close("error", over)
+                else:
+                    result = _run_one(slot, self.effects, self.masker, self.cancel, self.pristine)
+            except BaseException as exc:  # never lose a run, even to a bug of the batch
+                result = slot.close("error", internal_error(exc), traceback.format_exc())
+            with self.finished:
+                given_up = slot not in self.flying
+                self.flying.discard(slot)
+                self._settle(slot, result)
+            if given_up:
+                return  # the watcher freed this run's model slot and started another worker
+            if limit is not None:
+                limit.release()
+
+    def _overdue(self) -> list[_Slot]:
+        """The runs past their timeout and grace, now given up on (the lock held)."""
         now = time.monotonic()
-        if cancel.is_set() and cancelled_at is None:
-            cancelled_at = now
-        if cancelled_at is not None and now >= cancelled_at + CANCEL_GRACE_S:
-            return slot.close("error", INTERRUPTED)
-        if now >= hard_stop:
-            return slot.close("failed", f"task timeout ({timeout:g} s) reached")
-        runner.join(timeout=min(0.1, max(hard_stop - now, 0.001)))
-    return box[0] if box else slot.close("error", "internal error: the run ended without a result")
+        overdue = [
+            s
+            for s in self.flying
+            if s.started is not None and now >= s.started + s.spec.task.timeout + OVERRUN_GRACE_S
+        ]
+        self.flying.difference_update(overdue)
+        return overdue
+
+    def _give_up(self, slot: _Slot) -> None:
+        limit = self.limits.get(slot.spec.model)
+        if limit is not None:
+            limit.release()
+        if not self.cancel.is_set():
+            self._start_worker()
+        result = slot.close("failed", f"task timeout ({slot.spec.task.timeout:g} s) reached")
+        with self.finished:
+            self._settle(slot, result)
+
+    def _settle(self, slot: _Slot, result: RunResult) -> None:
+        """Keep a run's first result (the lock held); wake the watcher when it matters."""
+        if slot.result is None:
+            slot.result = result = slot.counted(result)
+            self.done += 1
+            with contextlib.suppress(Exception):  # a progress display never stops a batch
+                self.on_result(result)
+        if self.done == len(self.slots) or self.cancel.is_set():
+            self.finished.notify_all()
+
+    def _cancel_grace(self) -> None:
+        """After a cancel, the runs in flight get `CANCEL_GRACE_S` to stop on their own."""
+        grace_end = time.monotonic() + CANCEL_GRACE_S
+        with self.finished:
+            while self.done < len(self.slots) and any(
+                s.started is not None and s.result is None for s in self.slots
+            ):
+                left = grace_end - time.monotonic()
+                if left <= 0:
+                    break
+                self.finished.wait(timeout=min(left, 0.1))
 
 
 def _run_one(

@@ -252,6 +252,47 @@ tasks:
     assert [(r.task, r.status) for r in out.results] == [("hangs", "failed"), ("fine", "passed")]
 
 
+def test_a_hung_run_frees_its_model_s_parallel_slot(tmp_path: Path) -> None:
+    # jobs 2, but the model takes one run at a time: once the hung run is given up, the
+    # other starts and passes, although the hung run's thread is still stuck in its call.
+    write(tmp_path, "agent.yaml", "model_options: {max_parallel: 1}\n" + AGENT)
+    write(tmp_path, "mark.sh", MARK).chmod(0o755)
+    tasks = write(
+        tmp_path,
+        "tasks.yaml",
+        """
+agent: agent.yaml
+jobs: 2
+tasks:
+  - {id: hangs, prompt: hang, timeout: 0.3}
+  - {id: fine, prompt: fine, timeout: 30}
+""",
+    )
+    started: dict[str, float] = {}
+
+    class ByPrompt(ScriptedClient):
+        def complete(
+            self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
+        ) -> ModelReply:
+            started[messages[-1]["content"]] = time.monotonic()
+            if messages[-1]["content"] == "hang":
+                return hang_forever(messages, timeout)
+            return answer("fine")
+
+    outs: list[Outcome] = []
+    batch = threading.Thread(
+        target=lambda: outs.append(run_tasks(tasks, lambda: ByPrompt([]))), daemon=True
+    )
+    batch.start()
+    batch.join(30)  # a slot never freed would leave "fine" waiting for it forever
+    assert outs, "the batch did not end: the hung run kept its model's slot"
+    assert [(r.task, r.status) for r in outs[0].results] == [
+        ("hangs", "failed"),
+        ("fine", "passed"),
+    ]
+    assert started["fine"] - started["hang"] >= 0.3  # one at a time, as max_parallel says
+
+
 def test_cancel_mid_run_reports_the_run_as_an_interrupted_error(tmp_path: Path) -> None:
     cancel = threading.Event()
 

@@ -1,0 +1,53 @@
+"""mm-batch's model calls skip litellm's success logging, which nothing of mm-batch reads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from mm_batch.effects.litellm import LiteLLMClient, load_litellm
+from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
+
+MESSAGES = [{"role": "user", "content": "go"}]
+
+
+@pytest.fixture
+def logged() -> Iterator[threading.Event]:
+    """A litellm success callback, registered for the test: set when litellm logs a call."""
+    litellm = load_litellm()
+    seen = threading.Event()
+
+    def callback(*_args: Any) -> None:
+        seen.set()
+
+    saved = list(litellm.success_callback)
+    litellm.success_callback = [callback]
+    try:
+        yield seen
+    finally:
+        litellm.success_callback = saved
+
+
+def test_litellm_logs_a_call_of_its_own_to_the_callback(
+    fake_model: Callable[[Script], FakeOpenAI], logged: threading.Event
+) -> None:
+    fake = fake_model(lambda _r: text("ok"))
+    load_litellm().completion(
+        model="hosted_vllm/fake", messages=MESSAGES, api_base=fake.url, num_retries=0
+    )
+    assert logged.wait(5)  # what the test below relies on: the callback does see calls
+
+
+def test_mm_batch_s_model_calls_are_not_logged_by_litellm(
+    fake_model: Callable[[Script], FakeOpenAI], logged: threading.Event
+) -> None:
+    fake = fake_model(lambda _r: text("ok"))
+    client = LiteLLMClient("hosted_vllm/fake", {"api_base": fake.url})
+    replies = [client.complete(MESSAGES, [], 30).text for _ in range(3)]
+    assert replies == ["ok"] * 3
+    time.sleep(0.5)  # litellm logs on its own executor threads, after the call returned
+    assert not logged.is_set()
