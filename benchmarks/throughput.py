@@ -40,12 +40,17 @@ from datetime import datetime
 from pathlib import Path
 
 from mm_batch.cli import main as mm_batch
+from mm_batch.config.tasks import MAX_REPEAT
 from mm_batch.effects.litellm import load_litellm
 
 
 def tasks_file(directory: Path, runs: int) -> Path:
+    """`runs` task runs: one task repeated, or several once the count is past `repeat`'s limit."""
     (directory / "agent.yaml").write_text("tools: []\n")
-    lines = ["agent: agent.yaml", f"repeat: {runs}", "tasks:", "  - {id: t, prompt: go}"]
+    tasks = -(-runs // MAX_REPEAT)
+    assert runs % tasks == 0, f"{runs} runs cannot be split into {tasks} equal tasks"
+    lines = ["agent: agent.yaml", f"repeat: {runs // tasks}", "tasks:"]
+    lines += [f"  - {{id: t{n}, prompt: go}}" for n in range(tasks)]
     path = directory / "tasks.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path

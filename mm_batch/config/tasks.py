@@ -347,7 +347,8 @@ def _cache_mode(ctx: _Tasks, at: At, top: Fields) -> CacheMode | None:
 
 DEFAULT_AGENT: Key[_Tasks, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.agent_at(at))
 MODELS = scalar("models", _models)
-REPEAT = scalar("repeat", lambda r, at: r.integer(at, minimum=1, maximum=1000))
+MAX_REPEAT = 1000
+REPEAT = scalar("repeat", lambda r, at: r.integer(at, minimum=1, maximum=MAX_REPEAT))
 JOBS = scalar("jobs", lambda r, at: r.integer(at, minimum=1, maximum=1024))
 MIN_PASS_RATE = scalar("min_pass_rate", _min_pass_rate)
 CACHE: Key[_Tasks, Path] = Key("cache", _cache)
