@@ -139,6 +139,7 @@ def _import_offline() -> Any:
         litellm.telemetry = False
         _silence_logs()
         _tolerate_unreadable_arguments()
+        _skip_litellm_pricing()
         for name in _FIRST_CALL_MODULES:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
@@ -212,6 +213,27 @@ def _tolerate_unreadable_arguments() -> None:
     for name, loaded in list(sys.modules.items()):
         if name.startswith("litellm") and getattr(loaded, _FIXER, None) is original:
             setattr(loaded, _FIXER, tolerant)
+
+
+_LOGGING = "litellm.litellm_core_utils.litellm_logging"
+
+
+def _skip_litellm_pricing() -> None:
+    """litellm prices every response as it reads it, for its logging payload and its response
+    headers; mm-batch prices each turn itself from the token counts (`_cost_usd`) and reads
+    nothing of litellm's price. For a model litellm has no price for (`hosted_vllm/`, the local
+    models) that calculation is about 100 regular-expression searches a call, then a zero-cost
+    diagnostic: 30 % of litellm's CPU per call, under the one interpreter lock that every run of
+    a batch shares. So litellm's calculation answers "no cost" at once."""
+    logging_class = getattr(importlib.import_module(_LOGGING), "Logging", None)
+    if logging_class is None or not hasattr(logging_class, "response_cost_calculator"):
+        return  # a litellm that moved it: its calculation runs, and nothing else changes
+
+    def no_price(self: object, *args: object, **kwargs: object) -> None:
+        return None
+
+    logging_class.response_cost_calculator = no_price
+    logging_class._response_cost_calculator = no_price
 
 
 def _status_code(exc: BaseException) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,3 +52,40 @@ def test_mm_batch_s_model_calls_are_not_logged_by_litellm(
     assert replies == ["ok"] * 3
     time.sleep(0.5)  # litellm logs on its own executor threads, after the call returned
     assert not logged.is_set()
+
+
+@pytest.fixture
+def litellm_priced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every model litellm's own price calculation is asked about, while the test runs."""
+    load_litellm()
+    calculator = importlib.import_module("litellm.cost_calculator")
+    original = calculator.completion_cost
+    asked: list[str] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        asked.append(str(kwargs.get("model")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(calculator, "completion_cost", recording)
+    return asked
+
+
+@pytest.mark.parametrize("model", ["hosted_vllm/fake", "openai/gpt-4o-mini"])
+def test_litellm_does_not_price_mm_batch_s_calls_and_mm_batch_still_does(
+    fake_model: Callable[[Script], FakeOpenAI], litellm_priced: list[str], model: str
+) -> None:
+    litellm = load_litellm()
+    fake = fake_model(lambda _r: text("ok"))
+    # litellm's OpenAI client wants a key, which the fake server never reads.
+    options = {"api_base": fake.url, "api_key": "not-a-real-key"}
+    reply = LiteLLMClient(model, options).complete(MESSAGES, [], 30)
+    assert reply.text == "ok"
+    # litellm's calculation (a third of its CPU a call, under the interpreter lock) never ran...
+    assert litellm_priced == []
+    # ...and the turn's cost is mm-batch's own, from the bundled price map: 10 + 5 fake tokens.
+    if model.startswith("openai/"):
+        price = litellm.model_cost["gpt-4o-mini"]
+        expected = 10 * price["input_cost_per_token"] + 5 * price["output_cost_per_token"]
+        assert reply.cost_usd == pytest.approx(expected)
+    else:
+        assert reply.cost_usd is None
