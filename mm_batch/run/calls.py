@@ -122,8 +122,9 @@ class CallHandler:
             return "skill"
         return self.executor.where
 
-    def handle(self, call: ToolCallRequest, deadline: float) -> CallResult:
-        prepared = self.toolbox.prepare(call.name, call.raw_arguments)
+    def handle(self, call: ToolCallRequest, deadline: float, said: str | None = None) -> CallResult:
+        """Handle one call; `said`: what the model was told so far, to answer a copied example."""
+        prepared = self.toolbox.prepare(call.name, call.raw_arguments, said)
         if prepared is None:
             answer = self.toolbox.unknown_tool_answer(call.name)
             reason = f"no tool named '{call.name}'"

@@ -60,6 +60,16 @@ class _Done:
     answer: str
 
 
+def _said(messages: list[dict[str, Any]]) -> str:
+    """What the model was told so far: the system prompt, the request and every result (never
+    its own turns): a value found nowhere in it came from the model."""
+    return "\n".join(
+        m["content"]
+        for m in messages
+        if m.get("role") in ("system", "user", "tool") and isinstance(m.get("content"), str)
+    )
+
+
 def _history_arguments(raw: str | None) -> str:
     """Arguments as kept in the history: as sent when valid JSON; servers reject invalid JSON."""
     data, _ = parse_arguments(raw)
@@ -107,6 +117,7 @@ class AgentLoop:
         last_key: tuple[str, str] | None = None
         in_a_row = 0
         done: _Done | None = None  # the call just before, when it ran to the end with exit 0
+        answered_invalid: set[tuple[str, str]] = set()  # calls the model was told were invalid
         for _turn in range(task.max_turns):
             if self.cancel.is_set():
                 return LoopEnd(error=INTERRUPTED)
@@ -150,11 +161,16 @@ class AgentLoop:
                     self.emit(self._repeat_record(call, done.record))
                     messages.append(self._repeat_message(call, done.answer))
                     continue
-                result = self.calls.handle(call, deadline)
+                # A call sent again after it was answered invalid is not held to the examples
+                # again: the model insists that the value is meant, and one turn was the price.
+                said = None if key in answered_invalid else _said(messages)
+                result = self.calls.handle(call, deadline, said)
                 self.emit(result.record)
                 if result.sandbox_failure is not None:
                     return LoopEnd(error=result.sandbox_failure)
                 record = result.record
+                if record.outcome == "invalid":
+                    answered_invalid.add(key)
                 succeeded = record.outcome == "ran" and record.exit_code == 0
                 done = _Done(key, record, result.answer) if succeeded else None
                 messages.append(self._result_message(call, result.answer, record.outcome))

@@ -204,13 +204,17 @@ class Toolbox:
     def schemas(self) -> list[dict[str, Any]]:
         return [model_schema(spec) for spec, _, _ in self._tools.values()]
 
-    def prepare(self, name: str, raw_arguments: str | None) -> PreparedCall | InvalidCall | None:
-        """Validate a call; None when no tool has that name."""
+    def prepare(
+        self, name: str, raw_arguments: str | None, said: str | None = None
+    ) -> PreparedCall | InvalidCall | None:
+        """Validate a call; None when no tool has that name. With `said`, a value copied from a
+        parameter's example that nothing said holds is invalid (see `validate_call`)."""
         entry = self._tools.get(name)
         if entry is None:
             return None
         spec, kind, mcp = entry
-        result = validate_call(spec, raw_arguments)
+        # read_skill's names are listed in its description as its allowed values, like an enum.
+        result = validate_call(spec, raw_arguments, said if kind != "skill" else None)
         if not isinstance(result, ValidCall):
             return result
         command = result.arguments.get("command") if name == "bash" else None

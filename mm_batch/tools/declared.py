@@ -293,8 +293,39 @@ def _dash_problems(tool: ToolSpec, values: dict[str, Value]) -> list[str]:
     return problems
 
 
-def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | InvalidCall:
-    """Validate and coerce a model's call of a declared tool, then render its argv."""
+def _copied_examples(tool: ToolSpec, data: dict[str, Any], said: str) -> list[str]:
+    """The string values the model sent that stand in their parameter's own description (its
+    example: "The service name, e.g. inventory.") and nowhere in what was said to it (the
+    system prompt, the request, the results so far): small models copy a description's example
+    instead of the value the request gives, or instead of leaving an optional parameter out.
+    Enum parameters are left alone: their allowed values are in their descriptions too."""
+    problems = []
+    for param in tool.params:
+        value = data.get(param.name)
+        if param.type != "string" or param.enum is not None or not isinstance(value, str):
+            continue
+        word = value.strip()
+        if not word:
+            continue
+        pattern = re.compile(rf"(?<![0-9A-Za-z]){re.escape(word)}(?![0-9A-Za-z])", re.IGNORECASE)
+        if pattern.search(param.description) and not pattern.search(said):
+            instead = (
+                "give the value the request gives"
+                if param.required
+                else f"leave {param.name} out, or give the value the request gives"
+            )
+            problems.append(
+                f"{param.name}: {_shown(value)} is the example in its description, and the "
+                f"request does not say it: {instead}"
+            )
+    return problems
+
+
+def validate_call(
+    tool: ToolSpec, raw_arguments: str | None, said: str | None = None
+) -> ValidCall | InvalidCall:
+    """Validate and coerce a model's call of a declared tool, then render its argv. With `said`
+    (what the model was told so far), a value copied from a description's example is invalid."""
     data, problem = parse_arguments(raw_arguments)
     problems: list[str] = []
     coerced: dict[str, Value] = {}
@@ -322,6 +353,8 @@ def validate_call(tool: ToolSpec, raw_arguments: str | None) -> ValidCall | Inva
             coerced[param.name] = value
         if not problems:
             problems.extend(_dash_problems(tool, coerced))
+        if not problems and said is not None:
+            problems.extend(_copied_examples(tool, data, said))
     if problems:
         if len(problems) > MAX_PROBLEMS:
             more = len(problems) - MAX_PROBLEMS

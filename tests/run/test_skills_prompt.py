@@ -12,7 +12,7 @@ from typing import Any
 from mm_batch.config.load import load_agent_file
 from mm_batch.plan import Overrides
 from mm_batch.run.ports import ModelReply
-from mm_batch.run.toolbox import Toolbox, skill_answer
+from mm_batch.run.toolbox import PreparedCall, Toolbox, skill_answer
 from tests.conftest import write
 from tests.run.scripted import answer, calls, run_tasks
 
@@ -182,3 +182,11 @@ def test_a_skill_written_as_a_text_call_runs_nothing_and_is_answered_with_read_s
     ]
     # Nothing ran: no closing line invites the model to stop there.
     assert reply["content"].endswith("It tells you which command to run with bash.")
+
+
+def test_a_skill_name_is_never_held_as_a_copied_example(tmp_path: Path) -> None:
+    # read_skill lists the skills' names in its parameter's description, as allowed values.
+    skill_agent(tmp_path)
+    toolbox = Toolbox(load_agent_file(tmp_path / "agent.yaml"))
+    prepared = toolbox.prepare("read_skill", '{"name": "status"}', said="Nothing said.")
+    assert isinstance(prepared, PreparedCall) and prepared.arguments == {"name": "status"}
