@@ -60,16 +60,6 @@ class _Done:
     answer: str
 
 
-def _said(messages: list[dict[str, Any]]) -> str:
-    """What the model was told so far: the system prompt, the request and every result (never
-    its own turns): a value found nowhere in it came from the model."""
-    return "\n".join(
-        m["content"]
-        for m in messages
-        if m.get("role") in ("system", "user", "tool") and isinstance(m.get("content"), str)
-    )
-
-
 def _history_arguments(raw: str | None) -> str:
     """Arguments as kept in the history: as sent when valid JSON; servers reject invalid JSON."""
     data, _ = parse_arguments(raw)
@@ -117,7 +107,11 @@ class AgentLoop:
         last_key: tuple[str, str] | None = None
         in_a_row = 0
         done: _Done | None = None  # the call just before, when it ran to the end with exit 0
-        answered_invalid: set[tuple[str, str]] = set()  # calls the model was told were invalid
+        # What the model was told that a value can come from: the system prompt, the request,
+        # and the output of each call that started; never mm-batch's own answers, which quote
+        # what the model sent.
+        told = [str(m["content"]) for m in messages]
+        answered_invalid: set[tuple[str, str]] = set()  # read by the model: it may insist
         for _turn in range(task.max_turns):
             if self.cancel.is_set():
                 return LoopEnd(error=INTERRUPTED)
@@ -144,6 +138,7 @@ class AgentLoop:
                         "(finish_reason: length)",
                     )
                 return LoopEnd(answer=reply.text or "")
+            invalid_now: set[tuple[str, str]] = set()  # read by the model from its next turn
             for call in reply.tool_calls:
                 key = (call.name, canonical_arguments(call.raw_arguments))
                 in_a_row = in_a_row + 1 if key == last_key else 1
@@ -163,14 +158,16 @@ class AgentLoop:
                     continue
                 # A call sent again after it was answered invalid is not held to the examples
                 # again: the model insists that the value is meant, and one turn was the price.
-                said = None if key in answered_invalid else _said(messages)
+                said = None if key in answered_invalid else "\n".join(told)
                 result = self.calls.handle(call, deadline, said)
                 self.emit(result.record)
                 if result.sandbox_failure is not None:
                     return LoopEnd(error=result.sandbox_failure)
                 record = result.record
                 if record.outcome == "invalid":
-                    answered_invalid.add(key)
+                    invalid_now.add(key)
+                elif record.started or record.outcome == "ran":
+                    told.append(result.answer)
                 succeeded = record.outcome == "ran" and record.exit_code == 0
                 done = _Done(key, record, result.answer) if succeeded else None
                 messages.append(self._result_message(call, result.answer, record.outcome))
@@ -178,6 +175,7 @@ class AgentLoop:
                     return LoopEnd(error=INTERRUPTED)
                 if result.deadline_hit or time.monotonic() >= deadline:
                     return LoopEnd(failure=timed_out)
+            answered_invalid |= invalid_now
         return LoopEnd(failure=f"max_turns ({task.max_turns}) reached without a final answer")
 
     def _loop_record(self, call: ToolCallRequest, reason: str) -> ToolRecord:

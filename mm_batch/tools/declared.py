@@ -293,29 +293,42 @@ def _dash_problems(tool: ToolSpec, values: dict[str, Value]) -> list[str]:
     return problems
 
 
+_TOKEN = re.compile(r"[^\W_]+|[^\w\s]|_")
+
+
+def _words(text: str) -> str:
+    """Text as its words and signs, case folded, one space between each and around all, so
+    that a whole-word search is one substring search: linear, whatever the text holds."""
+    return f" {' '.join(_TOKEN.findall(text.casefold()))} "
+
+
 def _copied_examples(tool: ToolSpec, data: dict[str, Any], said: str) -> list[str]:
     """The string values the model sent that stand in their parameter's own description (its
     example: "The service name, e.g. inventory.") and nowhere in what was said to it (the
-    system prompt, the request, the results so far): small models copy a description's example
-    instead of the value the request gives, or instead of leaving an optional parameter out.
-    Enum parameters are left alone: their allowed values are in their descriptions too."""
+    system prompt, the request, the output of the calls that ran): small models copy a
+    description's example instead of the value the request gives, or instead of leaving an
+    optional parameter out. Enum parameters are left alone: their allowed values are in their
+    descriptions too. The value is not quoted in the problem: the answer quotes the call whole,
+    masked before any cut."""
     problems = []
+    said_words: str | None = None  # what was said, read only when a value is an example
     for param in tool.params:
         value = data.get(param.name)
         if param.type != "string" or param.enum is not None or not isinstance(value, str):
             continue
-        word = value.strip()
-        if not word:
+        word = _words(value)
+        if not word.strip() or word not in _words(param.description):
             continue
-        pattern = re.compile(rf"(?<![0-9A-Za-z]){re.escape(word)}(?![0-9A-Za-z])", re.IGNORECASE)
-        if pattern.search(param.description) and not pattern.search(said):
+        if said_words is None:
+            said_words = _words(said)
+        if word not in said_words:
             instead = (
                 "give the value the request gives"
                 if param.required
                 else f"leave {param.name} out, or give the value the request gives"
             )
             problems.append(
-                f"{param.name}: {_shown(value)} is the example in its description, and the "
+                f"{param.name}: the value sent is the example in its description, and the "
                 f"request does not say it: {instead}"
             )
     return problems

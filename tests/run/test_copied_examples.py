@@ -76,12 +76,12 @@ def test_a_copied_example_is_answered_and_never_run(tmp_path: Path) -> None:
     copied, ran = out.records.of("tool")
     assert (copied["outcome"], copied["started"]) == ("invalid", False)
     assert copied["reason"] == (
-        'service: "inventory" is the example in its description, and the request does not say '
-        "it: give the value the request gives"
+        "service: the value sent is the example in its description, and the request does not "
+        "say it: give the value the request gives"
     )
     told = out.client.requests[1][-1]
     assert told["role"] == "tool" and told["content"].startswith("Invalid call of ship")
-    assert '"inventory" is the example in its description' in told["content"]
+    assert "service: the value sent is the example in its description" in told["content"]
     assert ran["outcome"] == "ran" and out.result.status == "passed"
 
 
@@ -97,8 +97,8 @@ def test_an_optional_parameter_holding_its_example_is_told_to_be_left_out(
     out = run_tasks(tasks, steps)
     assert shipped(tmp_path) == ["search --env=production"]
     assert out.records.of("tool")[0]["reason"] == (
-        'version: "1.0.0" is the example in its description, and the request does not say it: '
-        "leave version out, or give the value the request gives"
+        "version: the value sent is the example in its description, and the request does not "
+        "say it: leave version out, or give the value the request gives"
     )
 
 
