@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import click
 from mm_batch.config.load import load_agent_file, load_any, load_tasks
 from mm_batch.config.model import TasksFile
 from mm_batch.config.problems import Problem
+from mm_batch.config.secrets import Masker
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.run.toolbox import Toolbox
@@ -45,7 +47,9 @@ def validate(path: Path) -> int:
 
 def tools(path: Path) -> int:
     """Print exactly the tool list the model is sent."""
-    click.echo(json.dumps(Toolbox(load_agent_file(path)).schemas(), indent=2, ensure_ascii=False))
+    agent = load_agent_file(path)
+    masker = Masker.from_environment(os.environ, agent.secrets)  # as `run` masks what it sends
+    click.echo(json.dumps(Toolbox(agent).schemas(masker), indent=2, ensure_ascii=False))
     return ExitCode.PASSED
 
 

@@ -103,7 +103,7 @@ class AgentLoop:
         task = self.spec.task
         timed_out = f"task timeout ({task.timeout:g} s) reached"
         messages = self._first_messages()
-        schemas = self.toolbox.schemas()
+        schemas = self.toolbox.schemas(self.masker)
         last_key: tuple[str, str] | None = None
         in_a_row = 0
         done: _Done | None = None  # the call just before, when it ran to the end with exit 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from mm_batch.config.secrets import Masker
 from mm_batch.run.ports import McpTool, ModelReply, ToolCallRequest
 from mm_batch.run.toolbox import PreparedCall, Toolbox
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
-from tests.conftest import write
+from tests.conftest import CliResult, write
 from tests.run.scripted import Outcome, ScriptedClient, answer, calls, run_tasks
 
 EXAMPLE = "inventory"
@@ -442,12 +443,6 @@ def test_a_secret_straddling_the_cut_of_the_reason_leaks_no_prefix(tmp_path: Pat
     _no_leak(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREAK (before this commit, found here): the tool schemas are sent to the model "
-    "unmasked (AgentLoop.run passes toolbox.schemas() as they are), so a secret standing in "
-    "a description, the very place an example is taken from, reaches the model",
-)
 def test_a_secret_in_a_description_is_never_sent_to_the_model(tmp_path: Path) -> None:
     seen: list[str] = []
 
@@ -461,6 +456,17 @@ def test_a_secret_in_a_description_is_never_sent_to_the_model(tmp_path: Path) ->
     tasks = project(tmp_path, agent=agent_yaml(service=f"The service name, e.g. {SECRET}."))
     run_tasks(tasks, lambda: Recording([answer("Nothing to do.")]), secrets=[SECRET])
     assert seen and all(SECRET not in tools for tools in seen)
+
+
+def test_mm_batch_tools_prints_the_descriptions_masked_as_they_are_sent(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHIP_TOKEN", SECRET)  # a secret by its name, as `run` reads it
+    agent = write(tmp_path, "agent.yaml", agent_yaml(service=f"The service name, e.g. {SECRET}."))
+    result = cli("tools", agent)
+    assert result.code == 0, result.err
+    assert SECRET[:6] not in result.out and "e.g. ***." in result.out
+    assert json.loads(result.out)[0]["function"]["name"] == "ship"  # names stay as they are
 
 
 @pytest.mark.xfail(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_batch.config.load import load_agent_file
+from mm_batch.config.secrets import Masker
 from mm_batch.plan import Overrides
 from mm_batch.run.ports import ModelReply
 from mm_batch.run.toolbox import PreparedCall, Toolbox, skill_answer
@@ -86,7 +87,7 @@ def test_without_bash_the_catalogue_does_not_send_the_model_to_bash(tmp_path: Pa
 def test_read_skill_says_when_to_call_it(tmp_path: Path) -> None:
     skill_agent(tmp_path)
     box = Toolbox(load_agent_file(tmp_path / "agent.yaml"))
-    (schema,) = [s for s in box.schemas() if s["function"]["name"] == "read_skill"]
+    (schema,) = [s for s in box.schemas(Masker([])) if s["function"]["name"] == "read_skill"]
     description = schema["function"]["description"]
     assert "before you act" in description.lower()
     assert "name of the skill" in description
