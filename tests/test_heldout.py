@@ -233,7 +233,8 @@ def test_an_optional_argument_the_request_leaves_out_is_pinned_by_the_argv(
     ]
     assert cases, "the set has a task whose right call leaves an optional parameter out"
     for task, optional in cases:
-        extra = {**(expected_call(task).args or {}), optional.name: "1.0.0"}
+        # Not the description's example (1.0.0), which is answered, not run: this one runs.
+        extra = {**(expected_call(task).args or {}), optional.name: "2.0.1"}
         script = by_prompt({task.prompt: [tool_call(expected_call(task).tool, extra), text("ok")]})
         out = tmp_path / f"out-{task.id}"
         result = cli(
