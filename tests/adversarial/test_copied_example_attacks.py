@@ -310,7 +310,7 @@ def test_a_64_kib_example_is_held_then_runs_whole(tmp_path: Path) -> None:
     assert outcomes(out) == [("invalid", False), ("ran", True)]
     assert marks(tmp_path) == [[value, "--env=staging"]]
     held = out.records.of("tool")[0]["reason"]
-    assert HELD in held and len(held) < 400  # the value is shown cut short in the reason
+    assert HELD in held and len(held) < 400  # the reason stays short, whatever the value
 
 
 def test_a_huge_description_raises_nothing(tmp_path: Path) -> None:
@@ -566,12 +566,14 @@ def test_the_hold_search_is_linear_in_what_was_said() -> None:
         },
     )
     toolbox = Toolbox(_bare_agent(), [tool])
-    said = "\n".join("$ ./flood\nstdout:\n" + "_" * RUN for _ in range(64))  # ~1 MiB said
+    said = "\n".join("$ ./flood\nstdout:\n" + "_" * RUN for _ in range(128))  # ~2 MiB said
     started = time.perf_counter()
     prepared = toolbox.prepare("srv_put", json.dumps({"key": value}), said)
     spent = time.perf_counter() - started
     assert isinstance(prepared, InvalidCall) and HELD in prepared.problems[0]
-    assert spent < 1.0, f"{spent:.1f} s for one call's validation"
+    # A bound far from both sides: the linear search takes about 0.25 s here, the regex it
+    # replaced took 4.7 s on half of this and grows with the square of it.
+    assert spent < 3.0, f"{spent:.1f} s for one call's validation"
 
 
 def _bare_agent() -> AgentConfig:
