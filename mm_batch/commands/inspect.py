@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import click
 from mm_batch.config.load import load_agent_file, load_any, load_tasks
 from mm_batch.config.model import TasksFile
 from mm_batch.config.problems import Problem
-from mm_batch.config.secrets import Masker
+from mm_batch.config.secrets import masker_of
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.run.toolbox import Toolbox
@@ -48,8 +47,8 @@ def validate(path: Path) -> int:
 def tools(path: Path) -> int:
     """Print exactly the tool list the model is sent."""
     agent = load_agent_file(path)
-    masker = Masker.from_environment(os.environ, agent.secrets)  # as `run` masks what it sends
-    click.echo(json.dumps(Toolbox(agent).schemas(masker), indent=2, ensure_ascii=False))
+    schemas = Toolbox(agent).schemas(masker_of([agent]))  # masked as `run` masks what it sends
+    click.echo(json.dumps(schemas, indent=2, ensure_ascii=False))
     return ExitCode.PASSED
 
 
@@ -60,9 +59,8 @@ def plan(path: Path, overrides: Overrides, rerun_from: Path | None = None) -> in
     show_warnings(tasks_file.warnings)
     if rerun_from is not None:
         from mm_batch.commands.rerun import read_previous, rerun_plan
-        from mm_batch.commands.run import masker_of
 
-        the_plan = rerun_plan(the_plan, read_previous(rerun_from), masker_of(tasks_file))
+        the_plan = rerun_plan(the_plan, read_previous(rerun_from), masker_of(tasks_file.agents))
     for run in the_plan.runs:
         where = "host" if run.sandbox.kind == "host" else f"docker:{run.sandbox.image}"
         mode = "yolo" if run.yolo else "allowlist"

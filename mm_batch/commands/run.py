@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import signal
 import sys
@@ -28,9 +27,8 @@ from mm_batch.commands.rerun import (
 )
 from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
-from mm_batch.config.model import TasksFile
 from mm_batch.config.paths import report_path
-from mm_batch.config.secrets import Masker
+from mm_batch.config.secrets import Masker, masker_of
 from mm_batch.effects.litellm import knows_price, litellm_version
 from mm_batch.effects.mcp import MCP_EXTRA_HINT
 from mm_batch.effects.mcp import installed as mcp_installed
@@ -114,11 +112,6 @@ def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
     return unpriced
 
 
-def masker_of(tasks_file: TasksFile) -> Masker:
-    """What a run masks: mm-batch's secret-named env vars and every agent's `${VAR}` values."""
-    return Masker.from_environment(os.environ, [s for a in tasks_file.agents for s in a.secrets])
-
-
 def provenance(plan: Plan) -> dict[str, Any]:
     files = {display_path(plan.tasks_file.path): plan.tasks_file.sha256}
     files.update({display_path(a.path): a.sha256 for a in plan.tasks_file.agents})
@@ -153,7 +146,7 @@ def run(
     if problem is not None:
         raise PlanError(problem)
     _check_outside_mounts(plan, out_dir)
-    masker = masker_of(tasks_file)
+    masker = masker_of(tasks_file.agents)
     cancel = threading.Event()
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from mm_batch.config.model import AgentConfig
 
 MIN_SECRET_LENGTH = 6
 MASK = "***"
@@ -47,6 +50,11 @@ class Masker:
         if isinstance(value, list | tuple):
             return [self.data(v) for v in value]
         return value
+
+
+def masker_of(agents: Iterable[AgentConfig]) -> Masker:
+    """What a run masks: mm-batch's secret-named env vars and every agent's `${VAR}` values."""
+    return Masker.from_environment(os.environ, [s for a in agents for s in a.secrets])
 
 
 def _overlap(text: str, secret: str) -> int:
