@@ -4,6 +4,8 @@
 #
 #   containers/build.sh tiny   # mm-batch/sandbox:tiny  busybox only, ~1 MB, seconds (the tests)
 #   containers/build.sh base   # mm-batch/sandbox:base  bash, coreutils, python3 (debootstrap, minutes)
+#   containers/build.sh mm-batch        # mm-batch/mm-batch:hosted  the CLI itself, on base
+#   containers/build.sh mm-batch-local  # mm-batch/mm-batch:local   + embedded model, llama-server
 #
 # Needs a running Docker engine; `tiny` needs busybox-static, `base` needs debootstrap (both
 # Debian packages). Run as root (debootstrap and the rootfs ownership need it).
@@ -52,8 +54,32 @@ build() {
     echo "built mm-batch/sandbox:$name"
 }
 
+# The CLI image: every wheel made here by this machine's pip (the image has no pip and reaches
+# no index), then installed offline on the base image, whose Python must be this one's.
+mm_batch_image() {
+    local extras="$1" tag="$2" context="$work/mm-batch"
+    docker image inspect mm-batch/sandbox:base >/dev/null 2>&1 \
+        || { echo "build.sh: mm-batch/sandbox:base is missing (containers/build.sh base)" >&2; exit 1; }
+    local here_py there_py
+    here_py="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    there_py="$(docker run --rm --network none mm-batch/sandbox:base python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    [ "$here_py" = "$there_py" ] \
+        || { echo "build.sh: python3 here is $here_py, in mm-batch/sandbox:base $there_py: the wheels would not fit" >&2; exit 1; }
+    mkdir -p "$context/wheels" "$work/src"
+    cp "$here/mm-batch/Dockerfile" "$context/"
+    # A copy of the sources: a build in the checkout would leave build/ and egg-info there.
+    (cd "$here/.." && cp -r pyproject.toml README.md LICENSE mm_batch "$work/src/")
+    python3 -m pip wheel --quiet --wheel-dir "$context/wheels" pip "$work/src$extras" >"$work/wheel.log" 2>&1 \
+        || { tail -n 20 "$work/wheel.log" >&2; exit 1; }
+    docker build --quiet --network none --build-arg "EXTRAS=$extras" -t "mm-batch/mm-batch:$tag" "$context" >"$work/build.log" 2>&1 \
+        || { cat "$work/build.log" >&2; exit 1; }
+    echo "built mm-batch/mm-batch:$tag"
+}
+
 case "${1:-}" in
     tiny) busybox_rootfs; build tiny ;;
     base) debian_rootfs; build base ;;
-    *) echo "usage: containers/build.sh tiny|base" >&2; exit 2 ;;
+    mm-batch) mm_batch_image "" hosted ;;
+    mm-batch-local) mm_batch_image "[local]" local ;;
+    *) echo "usage: containers/build.sh tiny|base|mm-batch|mm-batch-local" >&2; exit 2 ;;
 esac

@@ -1,7 +1,9 @@
-"""pipelines/: linted, valid against their platforms' published schemas, set up as documented
-(current actions, caches that a new pull request restores, no run after a cancel, no executor
-held by a waiting Jenkins build, the API key from each CI's secret store), and the GitHub
-workflows really work."""
+"""pipelines/, the GitHub action (action.yml) and the GitLab component (templates/): linted,
+valid against their platforms' published schemas, set up as documented (a pinned mm-batch,
+current actions, caches that a new pull request restores, no run after a cancel, no executor
+held by a waiting Jenkins build, the API key from each CI's secret store, annotations that name
+the model), their inputs mapped to options mm-batch has, and the GitHub workflows, the action's
+steps and the component's jobs really work."""
 
 from __future__ import annotations
 
@@ -21,14 +23,18 @@ from typing import Any, NoReturn
 import pytest
 import yaml
 
+from mm_batch import __version__
 from mm_batch.cli import cli as mm_batch_cli
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects import gguf
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
 from tests.conftest import ROOT
+from tests.docker_support import REQUIRED as DOCKER_REQUIRED
 from tests.test_end_to_end import GOOD, STATUS_EN
 
 PIPELINES = ROOT / "pipelines"
+ACTION = ROOT / "action.yml"
+COMPONENT = ROOT / "templates" / "mm-batch.yml"
 BIN = Path(sys.executable).parent
 LINT_DIR = ROOT / "tests" / "pipelines_lint"
 
@@ -47,6 +53,12 @@ HOSTED = {
     "jenkins": "jenkins/Jenkinsfile.hosted",
 }
 KEY = "MM_BATCH_API_KEY"
+# Where a copied pipeline gets mm-batch: its repository at the release tag of this version
+# (OWNER: the user's source of mm-batch). "." would install the user's own project.
+PINNED_PACKAGE = re.compile(
+    r"mm-batch(\[local\])? @ git\+https://github\.com/OWNER/mm-batch@v(?P<version>[0-9.]+)"
+)
+OWN_ACTION = "OWNER/mm-batch"
 
 # The major versions current when the pipelines were last reviewed (each runs on Node 24).
 CURRENT_MAJOR = {
@@ -120,6 +132,55 @@ def load(path: str) -> Any:
     return yaml.safe_load((PIPELINES / path).read_text())
 
 
+# -- the GitLab component as GitLab includes it ----------------------------------------------------
+
+INPUT_REFERENCE = re.compile(r"\$\[\[\s*inputs\.([\w-]+)\s*\]\]")
+
+
+def component_parts(text_: str | None = None) -> tuple[dict[str, Any], str]:
+    """The component's header (`spec:`) and the text of its body, which `---` separates."""
+    header, separator, body = (COMPONENT.read_text() if text_ is None else text_).partition(
+        "\n---\n"
+    )
+    assert separator, "a component's spec and its jobs are two YAML documents"
+    return yaml.safe_load(header), body
+
+
+def component_text(values: Mapping[str, object]) -> str:
+    """The body with each `$[[ inputs.NAME ]]` replaced by the value given, else the input's
+    default; an input with neither is missing, as GitLab says at include time."""
+    inputs = component_parts()[0]["spec"]["inputs"]
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        assert name in inputs, f"$[[ inputs.{name} ]] is not declared in spec:inputs"
+        if name in values:
+            return str(values[name])
+        assert "default" in inputs[name], f"the input {name} is required"
+        return str(inputs[name]["default"])
+
+    return INPUT_REFERENCE.sub(fill, component_parts()[1])
+
+
+def component_jobs(values: Mapping[str, object]) -> dict[str, dict[str, Any]]:
+    """The component's jobs with the inputs filled in and `extends:` resolved as GitLab does
+    (hashes merged key by key, anything else replaced)."""
+    jobs: dict[str, dict[str, Any]] = yaml.safe_load(component_text(values))
+    resolved = {}
+    for name, job in jobs.items():
+        base = jobs[job["extends"]] if "extends" in job else {}
+        merged = {**base, **{k: v for k, v in job.items() if k != "extends"}}
+        for key in ("variables",):
+            if key in base or key in job:
+                merged[key] = {**base.get(key, {}), **job.get(key, {})}
+        resolved[name] = merged
+    return resolved
+
+
+def component_session(job: Mapping[str, Any]) -> list[str]:
+    return [*job.get("before_script", []), *job["script"]]
+
+
 def github_blocks(path: str) -> list[Block]:
     """Every `run:` step; a ${{ }} expression becomes a placeholder word, as GitHub fills it in."""
     workflow = load(path)
@@ -145,8 +206,9 @@ def gitlab_blocks(path: str) -> list[Block]:
 
 
 def groovy_code(text_: str) -> str:
-    """The Jenkinsfile without its // comments (none of its strings holds a //)."""
-    return re.sub(r"//[^\n]*", "", text_)
+    """The Jenkinsfile without its // comments: a // at a line's start or after a space (the
+    only // inside its strings is a URL's, after a colon)."""
+    return re.sub(r"(?:^|(?<=\s))//[^\n]*", "", text_, flags=re.M)
 
 
 def jenkins_blocks(path: str) -> list[Block]:
@@ -161,6 +223,25 @@ def jenkins_blocks(path: str) -> list[Block]:
     return blocks
 
 
+def action_blocks() -> list[Block]:
+    """The action's `run:` steps (its inputs reach them through `env:` only)."""
+    return [
+        Block(f"action.yml: step {i + 1}", GHA_EXPRESSION.sub("GHA_EXPRESSION", step["run"]))
+        for i, step in enumerate(yaml.safe_load(ACTION.read_text())["runs"]["steps"])
+        if "run" in step
+    ]
+
+
+def component_blocks() -> list[Block]:
+    """Each job of the component as GitLab runs it: before_script and script, one session."""
+    jobs = component_jobs({"tasks": "tasks.yaml"})
+    return [
+        Block(f"templates/mm-batch.yml: {name}", "\n".join(component_session(job)))
+        for name, job in jobs.items()
+        if not name.startswith(".")
+    ]
+
+
 def all_blocks() -> Iterator[Block]:
     for path in GITHUB:
         yield from github_blocks(path)
@@ -168,6 +249,8 @@ def all_blocks() -> Iterator[Block]:
         yield from gitlab_blocks(path)
     for path in JENKINS:
         yield from jenkins_blocks(path)
+    yield from action_blocks()
+    yield from component_blocks()
 
 
 def test_every_script_block_is_found() -> None:
@@ -182,6 +265,10 @@ def test_every_script_block_is_found() -> None:
         steps = re.findall(r"\bsh\s*[('\"]", groovy_code((PIPELINES / path).read_text()))
         assert len(jenkins_blocks(path)) == len(steps) > 0, path
         assert all(b.script.strip() for b in jenkins_blocks(path)), path
+    runs = re.findall(r"^\s*(?:- )?run:[ \t]*\S", ACTION.read_text(), re.M)
+    assert len(action_blocks()) == len(runs) > 0
+    scripts = re.findall(r"^\s*script:", COMPONENT.read_text(), re.M)
+    assert len(component_blocks()) == len(scripts) > 0
 
 
 # SC1091: `. .venv/bin/activate` sources a file the step itself creates; nothing to follow here.
@@ -264,7 +351,7 @@ def _options(command: str) -> set[str]:
 def test_every_mm_batch_command_they_use_exists(path: str) -> None:
     text_ = (PIPELINES / path).read_text()
     uses = re.findall(r"mm-batch (run|merge|validate|plan|compare) ([^\n|;]*)", text_)
-    assert uses, "the pipeline runs mm-batch"
+    assert uses or f"uses: {OWN_ACTION}@" in text_, "the pipeline runs mm-batch"
     for command, rest in uses:
         for option in re.findall(r"(--[a-z-]+)", rest):
             assert option in _options(command), f"{path}: mm-batch {command} has no {option}"
@@ -289,6 +376,9 @@ def test_every_action_is_at_its_current_major(path: str) -> None:
     assert used
     for uses in used:
         name, _, version = uses.partition("@")
+        if name == OWN_ACTION:  # mm-batch's own action: at this version's release tag
+            assert version == f"v{__version__}", f"{path}: {uses}"
+            continue
         assert name in CURRENT_MAJOR, f"{path}: {uses} is not reviewed here"
         major = re.fullmatch(r"v(\d+)(?:\.\d+)*", version)
         assert major is not None, f"{path}: {uses}"
@@ -523,6 +613,46 @@ def outputs(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines)
 
 
+MIKEPENZ = "mikepenz/action-junit-report@"
+# The annotation title every workflow gives mikepenz: the suite's name holds the model.
+TITLE_TEMPLATE = "{{SUITE_NAME}}: {{TEST_NAME}}"
+
+
+def mikepenz_titles(junit: Path, template: str | None) -> list[str]:
+    """The titles mikepenz/action-junit-report (v5 and later: `createTestCaseAnnotation` in
+    src/testParser.ts) gives the failed test cases. With `check_title_template`, the first
+    {{FILE_NAME}}, {{SUITE_NAME}} (the <testsuite>'s name), {{TEST_NAME}} and {{CLASS_NAME}}
+    (the classname's last dot-part) are filled in; without, `<file>.<test name>`, the file
+    being the classname's last dot-part where the test case names none."""
+    import xml.etree.ElementTree as ET
+
+    titles = []
+    for suite in ET.parse(junit).getroot().iter("testsuite"):
+        for case in suite.findall("testcase"):
+            if case.find("failure") is None and case.find("error") is None:
+                continue
+            name = case.get("name", "")
+            class_part = (case.get("classname") or name).split(".")[-1]
+            file_name = case.get("file") or class_part
+            if template is None:
+                titles.append(f"{file_name}.{name}" if file_name != name else name)
+                continue
+            titles.append(
+                template.replace("{{FILE_NAME}}", file_name if file_name != name else "", 1)
+                .replace("{{SUITE_NAME}}", suite.get("name", ""), 1)
+                .replace("{{TEST_NAME}}", name, 1)
+                .replace("{{CLASS_NAME}}", class_part, 1)
+            )
+    return titles
+
+
+@pytest.mark.parametrize("path", GITHUB)
+def test_every_junit_annotation_names_the_model(path: str) -> None:
+    publishers = [s for s in steps(load(path)) if s.get("uses", "").startswith(MIKEPENZ)]
+    for step in publishers:
+        assert step["with"].get("check_title_template") == TITLE_TEMPLATE, path
+
+
 def test_the_github_workflow_runs_as_documented(
     fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
 ) -> None:
@@ -556,7 +686,8 @@ def test_the_github_workflow_runs_as_documented(
         if s.get("run", "").startswith("pip install")
     ]
     assert installs == ['pip install "$MM_BATCH_PACKAGE"', 'pip install "$MM_BATCH_MERGE_PACKAGE"']
-    assert workflow["env"]["MM_BATCH_MERGE_PACKAGE"] == "."  # mm-batch itself, no extra
+    merge_package = PINNED_PACKAGE.fullmatch(workflow["env"]["MM_BATCH_MERGE_PACKAGE"])
+    assert merge_package is not None and merge_package.group(1) is None  # no extra for merging
     for shard in run_job["strategy"]["matrix"]["shard"]:
         for script, step_env in shell_steps(run_job, {"matrix.shard": str(shard)}):
             assert sh(script, step_env) == 0, script
@@ -580,6 +711,11 @@ def test_the_github_workflow_runs_as_documented(
         "summary.md",
     ]
     assert "| hosted_vllm/fake | 5/6 |" in (tmp_path / "sum.md").read_text()
+    # The check run's annotations, titled as mikepenz/action-junit-report titles them: each
+    # names the model that failed.
+    (publish,) = [s for s in report_job["steps"] if s.get("uses", "").startswith(MIKEPENZ)]
+    titles = mikepenz_titles(merged / "junit.xml", publish["with"].get("check_title_template"))
+    assert titles == ["tasks[hosted_vllm/fake]: status-en"]
     # A shard that cannot run (a configuration error, exit 2) fails its own job; the report job
     # then names the shard whose results are missing rather than publish a partial report.
     shard_step, shard_env = shell_steps(run_job, {"matrix.shard": "2"})[-1]
@@ -696,3 +832,603 @@ def test_the_compare_workflow_runs_as_documented(
     assert "1 regression(s)" in summary and "| status-en |" in summary
     data = json.loads((repo / "compare" / "compare.json").read_text())
     assert [r["task"] for r in data["rows"] if r["regression"]] == ["status-en"]
+
+
+# -- a pinned mm-batch, never the user's own project ---------------------------------------------
+
+PACKAGE_SETTING = re.compile(r"MM_BATCH(?:_MERGE)?_PACKAGE['\"]?\s*[:=]\s*['\"]([^'\"]*)['\"]")
+
+
+@pytest.mark.parametrize("path", [*GITHUB, *GITLAB, *JENKINS])
+def test_every_pipeline_installs_a_pinned_mm_batch(path: str) -> None:
+    """In a user's repository "." is the user's project: each pipeline installs mm-batch from
+    its repository at this version's release tag, or runs the action of that tag."""
+    text_ = (PIPELINES / path).read_text()
+    packages = PACKAGE_SETTING.findall(text_)
+    actions = re.findall(rf"uses: {OWN_ACTION}@(\S+)", text_)
+    assert packages or actions, f"{path} says nowhere which mm-batch it installs"
+    for package in packages:
+        pinned = PINNED_PACKAGE.fullmatch(package)
+        assert pinned is not None, f"{path}: {package!r} is not mm-batch at a release tag"
+        assert pinned.group("version") == __version__, f"{path}: {package}"
+    assert all(ref == f"v{__version__}" for ref in actions), (path, actions)
+
+
+def test_the_component_installs_the_same_pinned_mm_batch() -> None:
+    package = component_parts()[0]["spec"]["inputs"]["package"]["default"]
+    pinned = PINNED_PACKAGE.fullmatch(package)
+    assert pinned is not None and pinned.group("version") == __version__, package
+
+
+def test_one_pipeline_shows_the_docker_sandbox() -> None:
+    """The docker sandbox, with the image it needs pulled first (mm-batch never pulls one)."""
+    workflow = load("github/mm-batch-docker.yml")
+    (job,) = workflow["jobs"].values()
+    (action,) = [s for s in job["steps"] if s.get("uses", "").startswith(f"{OWN_ACTION}@")]
+    assert action["with"]["sandbox"] == "docker"
+    pulls = [s["run"] for s in job["steps"] if "docker pull" in s.get("run", "")]
+    assert pulls == ['docker pull "$MM_BATCH_SANDBOX_IMAGE"']
+    assert job["steps"].index(action) > next(
+        i for i, s in enumerate(job["steps"]) if "docker pull" in s.get("run", "")
+    )
+    assert action["with"]["sandbox-image"] == "${{ env.MM_BATCH_SANDBOX_IMAGE }}"
+
+
+@pytest.mark.parametrize("path", GITHUB)
+def test_the_action_is_given_only_inputs_it_has(path: str) -> None:
+    inputs = yaml.safe_load(ACTION.read_text())["inputs"]
+    required = {name for name, spec in inputs.items() if spec.get("required")}
+    for step in steps(load(path)):
+        if step.get("uses", "").startswith(f"{OWN_ACTION}@"):
+            given = set(step.get("with", {}))
+            assert given <= set(inputs), f"{path}: no such input {given - set(inputs)}"
+            assert required <= given, f"{path}: {required - given} missing"
+
+
+# -- the action and the component: inputs that are mm-batch options name them ---------------------
+
+# An input passed to mm-batch as one of its options says so at the end of its description.
+MAPPED = re.compile(r"\(mm-batch (?P<command>\w+) (?P<option>--[a-z-]+)\)$")
+# The inputs that are no option of mm-batch: what to run, how to install and publish it.
+ACTION_OWN_INPUTS = {
+    "tasks",
+    "args",
+    "package",
+    "extras",
+    "python-version",
+    "api-key-env",
+    "cache",
+    "upload",
+    "artifact-name",
+    "summary",
+}
+COMPONENT_OWN_INPUTS = {
+    "tasks",
+    "args",
+    "package",
+    "image",
+    "shards",
+    "api-key-variable",
+    "stage",
+    "job-name",
+}
+
+
+def action_inputs() -> dict[str, dict[str, Any]]:
+    inputs: dict[str, dict[str, Any]] = yaml.safe_load(ACTION.read_text())["inputs"]
+    return inputs
+
+
+def component_inputs() -> dict[str, dict[str, Any]]:
+    inputs: dict[str, dict[str, Any]] = component_parts()[0]["spec"]["inputs"]
+    return inputs
+
+
+def mapped_options(inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Each input that names an option: (command, option)."""
+    found = {}
+    for name, spec in inputs.items():
+        match = MAPPED.search(str(spec.get("description", "")).strip())
+        if match:
+            found[name] = (match.group("command"), match.group("option"))
+    return found
+
+
+def options_mm_batch_lacks(inputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    problems = []
+    for name, (command, option) in mapped_options(inputs).items():
+        if command not in mm_batch_cli.commands:
+            problems.append(f"{name}: mm-batch has no command {command}")
+        elif option not in _options(command):
+            problems.append(f"{name}: mm-batch {command} has no {option}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    ("inputs", "own"),
+    [(action_inputs(), ACTION_OWN_INPUTS), (component_inputs(), COMPONENT_OWN_INPUTS)],
+    ids=["action", "component"],
+)
+def test_every_input_is_an_option_mm_batch_has_or_its_own(
+    inputs: dict[str, dict[str, Any]], own: set[str]
+) -> None:
+    assert options_mm_batch_lacks(inputs) == []
+    assert set(inputs) - set(mapped_options(inputs)) == own
+    assert all(str(spec.get("description", "")).strip() for spec in inputs.values())
+
+
+def test_an_input_mapped_to_an_option_mm_batch_lacks_is_found() -> None:
+    inputs = {
+        **action_inputs(),
+        "temperature": {"description": "Sampling temperature (mm-batch run --temperature)"},
+        "old": {"description": "Gone (mm-batch launch --model)"},
+    }
+    assert options_mm_batch_lacks(inputs) == [
+        "temperature: mm-batch run has no --temperature",
+        "old: mm-batch has no command launch",
+    ]
+
+
+def test_the_action_and_the_component_have_the_same_options() -> None:
+    """One set of mm-batch options on both ways in (the component merges into its `out`)."""
+    action = {name: option for name, (_, option) in mapped_options(action_inputs()).items()}
+    component = {name: option for name, (_, option) in mapped_options(component_inputs()).items()}
+    assert action == component
+
+
+FAKE_MM_BATCH = """#!/bin/sh
+# Stands in for mm-batch: keeps its arguments, one per NUL-ended field, and exits 0.
+printf '%s\\0' "$@" > "$ARGV_FILE"
+"""
+
+
+def parsed_run(argv: list[str], cwd: Path) -> dict[str, Any]:
+    """mm-batch's own parser on the arguments: an option it lacks is an error here."""
+    assert argv[0] == "run"
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        context = mm_batch_cli.commands["run"].make_context("run", argv[1:])
+    finally:
+        os.chdir(previous)
+    return dict(context.params)
+
+
+def param_of(option: str) -> str:
+    (name,) = [
+        p.name for p in mm_batch_cli.commands["run"].params if option in getattr(p, "opts", [])
+    ]
+    assert name is not None
+    return name
+
+
+# Every mapped input given a value, as a user would write them.
+GIVEN = {
+    "model": "hosted_vllm/a, openai/b",
+    "out": "results",
+    "sandbox": "docker",
+    "sandbox-image": "acme/tools:1",
+    "response-cache": ".cache/mm-batch/responses",
+    "args": "--repeat 2 --filter 'status-*'",
+}
+
+
+def fake_mm_batch(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "fake-bin"
+    folder.mkdir()
+    program = folder / "mm-batch"
+    program.write_text(FAKE_MM_BATCH)
+    program.chmod(0o755)
+    return folder, tmp_path / "argv"
+
+
+def check_mapped_argv(argv: list[str], inputs: Mapping[str, Mapping[str, Any]], cwd: Path) -> None:
+    params = parsed_run(argv, cwd)
+    for name, (command, option) in mapped_options(inputs).items():
+        if command != "run":
+            continue
+        value = params[param_of(option)]
+        values = [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
+        expected = [v for v in re.split(r"[,\s]+", GIVEN[name]) if v]
+        assert values == expected, (name, option, values)
+    assert params["repeat"] == 2 and params["filter_"] == "status-*"
+
+
+def test_the_action_passes_each_input_as_its_option(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "tasks.yaml").write_text("tasks: []\n")
+    folder, argv_file = fake_mm_batch(tmp_path)
+    context = action_context(tmp_path, {"tasks": "tasks.yaml", **GIVEN})
+    script, env = action_step("run", context)
+    env = {**action_env(tmp_path), **env, "ARGV_FILE": str(argv_file)}
+    env["PATH"] = f"{folder}:{env['PATH']}"
+    done = run_step(script, repo, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    argv = argv_file.read_text().split("\0")[:-1]
+    assert argv[:2] == ["run", "tasks.yaml"]
+    check_mapped_argv(argv, action_inputs(), repo)
+
+
+def test_the_component_passes_each_input_as_its_option(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "tasks.yaml").write_text("tasks: []\n")
+    folder, argv_file = fake_mm_batch(tmp_path)
+    values = {"tasks": "tasks.yaml", "package": "", **GIVEN}
+    job = component_jobs(values)["mm-batch"]
+    env = gitlab_env(job, repo, {"ARGV_FILE": str(argv_file), "CI_NODE_INDEX": "2"})
+    env["PATH"] = f"{folder}:{env['PATH']}"
+    env["CI_NODE_TOTAL"] = "3"
+    done = run_step("\n".join(component_session(job)), repo, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    argv = argv_file.read_text().split("\0")[:-1]
+    assert argv[:2] == ["run", "tasks.yaml"]
+    params = parsed_run(argv, repo)
+    assert params["shard"] == "2/3" and params["out_dir"] == Path("shards/2")
+    check_mapped_argv([a if a != "shards/2" else "results" for a in argv], component_inputs(), repo)
+
+
+# -- the action: linted, valid, and its steps run as GitHub runs them ----------------------------
+
+
+def action_as_workflow(action: Mapping[str, Any]) -> str:
+    """A reusable workflow holding the action's steps, its inputs as typed workflow inputs:
+    actionlint lints workflows, and so checks every expression and step of the action."""
+    inputs = {
+        name: {
+            "type": "string",
+            "required": bool(spec.get("required")),
+            **({"default": spec["default"]} if "default" in spec else {}),
+        }
+        for name, spec in action["inputs"].items()
+    }
+    workflow = {
+        "on": {"workflow_call": {"inputs": inputs}},
+        "jobs": {"action": {"runs-on": "ubuntu-latest", "steps": action["runs"]["steps"]}},
+    }
+    return yaml.safe_dump(workflow, sort_keys=False, width=1000)
+
+
+def actionlint_action(
+    action: Mapping[str, Any], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "action-steps.yml"
+    path.write_text(action_as_workflow(action))
+    return subprocess.run(
+        [*actionlint_cmd(), str(path)], capture_output=True, text=True, check=False
+    )
+
+
+def test_actionlint_finds_nothing_in_the_action(tmp_path: Path) -> None:
+    done = actionlint_action(yaml.safe_load(ACTION.read_text()), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 file(s), 0 problem(s)" in done.stderr
+
+
+def test_actionlint_flags_a_broken_action(tmp_path: Path) -> None:
+    action = yaml.safe_load(ACTION.read_text())
+    action["runs"]["steps"].append({"shell": "bash", "run": "echo ${{ inputs.nope }}"})
+    done = actionlint_action(action, tmp_path)
+    assert done.returncode == 1
+    (problem,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert problem["message"].startswith('property "nope" is not defined')
+
+
+def test_the_action_is_valid_against_the_published_schema() -> None:
+    done = subprocess.run(
+        [check_jsonschema_bin(), "--builtin-schema", "vendor.github-actions", str(ACTION)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_action_installs_itself_and_keeps_the_results_of_a_failed_task() -> None:
+    action = yaml.safe_load(ACTION.read_text())
+    assert action["runs"]["using"] == "composite"
+    text_ = ACTION.read_text()
+    assert "always()" not in text_
+    by_id = {s.get("id"): s for s in action["runs"]["steps"]}
+    assert by_id["install"]["env"]["ACTION_PATH"] == "${{ github.action_path }}"
+    (upload,) = [s for s in action["runs"]["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert upload["if"].startswith("${{ !cancelled()")
+    for name, output in action["outputs"].items():
+        step, _, key = (
+            output["value"].removeprefix("${{ steps.").removesuffix(" }}").partition(".outputs.")
+        )
+        assert f"{key}=" in by_id[step]["run"] or key in ("passed", "failed", "errors"), name
+    # The secrets are the caller's: the action reads none itself.
+    assert "secrets." not in text_.replace("${{ secrets.MM_BATCH_API_KEY }}", "")
+
+
+def action_context(tmp_path: Path, inputs: Mapping[str, str]) -> dict[str, str]:
+    """What the runner fills in: the inputs (else their defaults), github.*, runner.*, env.*."""
+    defaults = {name: str(spec.get("default", "")) for name, spec in action_inputs().items()}
+    return {
+        **{f"inputs.{k}": v for k, v in {**defaults, **inputs}.items()},
+        "github.action_path": str(ROOT),
+        "github.action_repository": OWN_ACTION,
+        "github.action_ref": f"v{__version__}",
+        "runner.temp": str(tmp_path / "runner-temp"),
+    }
+
+
+def action_value(text_: str, context: Mapping[str, str]) -> str:
+    """A step's value with each ${{ }} evaluated: a name from the context (env.* from the
+    environment), a 'string', or `a || b` (the first that is not empty)."""
+
+    def evaluate(match: re.Match[str]) -> str:
+        for part in match.group(0)[3:-2].split("||"):
+            operand = part.strip()
+            if operand.startswith("'"):
+                value = operand.strip("'")
+            elif operand.startswith("env."):
+                value = os.environ.get(operand.removeprefix("env."), "")
+            else:
+                assert operand in context, f"no value for ${{{{ {operand} }}}} here"
+                value = context[operand]
+            if value:
+                return value
+        return ""
+
+    return GHA_EXPRESSION.sub(evaluate, text_)
+
+
+def action_step(step_id: str, context: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    (step,) = [s for s in action_inputs_steps() if s.get("id") == step_id]
+    assert step["shell"] == "bash"
+    env = {k: action_value(str(v), context) for k, v in step.get("env", {}).items()}
+    return step["run"], env
+
+
+def action_inputs_steps() -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = yaml.safe_load(ACTION.read_text())["runs"]["steps"]
+    return found
+
+
+def action_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    temp = tmp_path / "runner-temp"
+    temp.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "sum.md"),
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_PATH": str(tmp_path / "path"),
+        **more,
+    }
+    env.pop(KEY, None)
+    return env
+
+
+FAKE_PYTHON = """#!/bin/sh
+# The runner's python3, but `-m venv DIR` makes a virtualenv whose python logs what pip is asked
+# to install and whose mm-batch is this suite's.
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin"
+    cat > "$3/bin/python" <<'PYTHON'
+#!/bin/sh
+echo "$*" >> "%(log)s"
+PYTHON
+    chmod 755 "$3/bin/python"
+    ln -s "%(mm_batch)s" "$3/bin/mm-batch"
+    exit 0
+fi
+exec "%(python)s" "$@"
+"""
+
+
+def test_the_action_runs_as_documented(
+    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+) -> None:
+    """Its steps, as the runner runs them (inputs and github.* filled in, GITHUB_* files): it
+    installs mm-batch from its own checkout, runs the tasks, says what it found in its outputs,
+    on the job summary and in annotations naming the model, and fails with mm-batch's code."""
+    replies = dict(GOOD)
+    replies[STATUS_EN] = [GOOD[STATUS_EN][1]]  # answers without running anything: fails
+    fake = fake_model(by_prompt(replies))
+    repo = hosted_repo(tmp_path)
+    fakes = tmp_path / "python-bin"
+    fakes.mkdir()
+    pip_log = tmp_path / "pip.log"
+    python3 = fakes / "python3"
+    python3.write_text(
+        FAKE_PYTHON
+        % {"log": pip_log, "mm_batch": BIN / "mm-batch", "python": shutil.which("python3")}
+    )
+    python3.chmod(0o755)
+    inputs = {
+        "tasks": "tasks.yaml",
+        "model": "hosted_vllm/fake",
+        "out": "results",
+        "extras": "local",
+        "api-key-env": KEY,
+    }
+    context = action_context(tmp_path, inputs)
+    base = action_env(tmp_path, FAKE_MODEL_URL=fake.url)
+    base["PATH"] = f"{fakes}:{base['PATH']}"
+
+    def step(step_id: str, **more: str) -> subprocess.CompletedProcess[str]:
+        script, env = action_step(step_id, {**context, **outputs_context(tmp_path)})
+        return run_step(script, repo, {**base, **env, **more})
+
+    keys = step("keys")
+    assert keys.returncode == 0, keys.stderr
+    install = step("install")
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert pip_log.read_text().splitlines() == [f"-m pip install --quiet {ROOT}[local]"]
+    (path_entry,) = (tmp_path / "path").read_text().splitlines()
+    assert (Path(path_entry) / "mm-batch").resolve() == (BIN / "mm-batch").resolve()
+    assert sorted(p.name for p in Path(path_entry).iterdir()) == ["mm-batch"]  # no python
+
+    base["PATH"] = f"{path_entry}:{base['PATH']}"
+    (tmp_path / "output").unlink()
+    run = step("run", **{KEY: "sk-test-action"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert outputs(tmp_path / "output") == {
+        "exit-code": "1",
+        "results-dir": "results",
+        "junit": "results/junit.xml",
+        "passed": "5",
+        "failed": "1",
+        "errors": "0",
+    }
+    assert "| hosted_vllm/fake | 5/6 |" in (tmp_path / "sum.md").read_text()
+    annotations = [line for line in run.stdout.splitlines() if line.startswith("::error ")]
+    assert len(annotations) == 1
+    assert "file=tasks.yaml,line=" in annotations[0]
+    assert "title=status-en [hosted_vllm/fake]::" in annotations[0]
+
+    # Without the summary; then without the key (a fork's pull request): exit 2, said so.
+    (tmp_path / "sum.md").unlink()
+    quiet = action_step("run", {**context, "inputs.summary": "false"})
+    done = run_step(quiet[0], repo, {**base, **quiet[1], KEY: "sk-test-action"})
+    assert done.returncode == 1 and not (tmp_path / "sum.md").exists()
+    shutil.rmtree(repo / "results")
+    missing = step("run")
+    assert missing.returncode == 2
+    assert f"::error::the API key in {KEY} is not set" in missing.stdout
+    assert not (repo / "results").exists()
+    broken = action_step("run", {**context, "inputs.args": "--filter 'status-*"})
+    done = run_step(broken[0], repo, {**base, **broken[1], KEY: "sk-test-action"})
+    assert done.returncode == 2 and "::error::args: not valid shell words" in done.stdout
+
+
+def outputs_context(tmp_path: Path) -> dict[str, str]:
+    return {f"steps.keys.outputs.{k}": v for k, v in outputs(tmp_path / "output").items()}
+
+
+# -- the component: valid against GitLab's schema, and its jobs run as GitLab runs them -----------
+
+
+def test_every_input_of_the_component_is_used_and_every_use_declared() -> None:
+    spec, body = component_parts()
+    assert set(spec) == {"spec"} and set(spec["spec"]) == {"inputs"}
+    used = set(INPUT_REFERENCE.findall(body))
+    assert used == set(component_inputs())
+
+
+@pytest.mark.parametrize("part", ["spec", "jobs"])
+def test_the_component_is_valid_against_gitlab_schema(part: str, tmp_path: Path) -> None:
+    """The header as GitLab reads it, and the jobs with the inputs filled in (shards: 3)."""
+    if part == "spec":
+        document: Any = component_parts()[0]
+    else:
+        document = yaml.safe_load(component_text({"tasks": "tasks.yaml", "shards": 3}))
+    path = tmp_path / f"{part}.yml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    done = subprocess.run(
+        [check_jsonschema_bin(), "--builtin-schema", "vendor.gitlab-ci", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_component_publishes_the_merged_junit_report() -> None:
+    jobs = component_jobs({"tasks": "tasks.yaml", "out": "merged", "shards": 4})
+    shards, report = jobs["mm-batch"], jobs["mm-batch-report"]
+    assert shards["parallel"] == 4
+    assert report["needs"] == ["mm-batch"] and report["when"] == "always"
+    assert report["artifacts"]["reports"]["junit"] == "merged/junit.xml"
+    assert report["artifacts"]["when"] == "always"
+
+
+def gitlab_env(job: Mapping[str, Any], repo: Path, more: Mapping[str, str]) -> dict[str, str]:
+    """The job's variables ($CI_PROJECT_DIR and the like expanded) over a runner's environment."""
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CI_PROJECT_DIR": str(repo)}
+    env.pop("GITHUB_ACTIONS", None)
+    env.pop("GITHUB_STEP_SUMMARY", None)
+    for name, value in job.get("variables", {}).items():
+        env[name] = re.sub(r"\$(\w+)", lambda m: env.get(m.group(1), ""), str(value))
+    return {**env, **more}
+
+
+def test_the_component_runs_as_documented(
+    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+) -> None:
+    """Its jobs, as GitLab would run them with these inputs: 2 shards in an image that has
+    mm-batch (package ""), then the merge, which fails with the batch's verdict."""
+    replies = dict(GOOD)
+    replies[STATUS_EN] = [GOOD[STATUS_EN][1]]  # answers without running anything: fails
+    fake = fake_model(by_prompt(replies))
+    repo = hosted_repo(tmp_path)
+    values = {
+        "tasks": "tasks.yaml",
+        "model": "hosted_vllm/fake",
+        "package": "",
+        "shards": 2,
+        "api-key-variable": KEY,
+        "out": "merged",
+    }
+    jobs = component_jobs(values)
+    shards, report = jobs["mm-batch"], jobs["mm-batch-report"]
+    secret = {KEY: "sk-test-gitlab", "FAKE_MODEL_URL": fake.url}
+    for index in (1, 2):
+        env = gitlab_env(
+            shards, repo, {**secret, "CI_NODE_INDEX": str(index), "CI_NODE_TOTAL": "2"}
+        )
+        done = run_step("\n".join(component_session(shards)), repo, env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    merged = run_step("\n".join(component_session(report)), repo, gitlab_env(report, repo, {}))
+    assert merged.returncode == 1, merged.stdout + merged.stderr
+    junit = repo / report["artifacts"]["reports"]["junit"]
+    assert junit.is_file()
+    summary = json.loads((repo / "merged" / "summary.json").read_text())
+    assert [(t["task"], t["status"]) for t in summary["tasks"] if t["status"] != "passed"] == [
+        ("status-en", "failed")
+    ]
+    # Without the key: the shard stops before running anything, saying which variable.
+    shutil.rmtree(repo / "shards")
+    env = gitlab_env(shards, repo, {"FAKE_MODEL_URL": fake.url, "CI_NODE_INDEX": "1"})
+    env.pop(KEY, None)
+    missing = run_step("\n".join(component_session(shards)), repo, env)
+    assert missing.returncode == 2
+    assert f"the CI/CD variable {KEY} is not set" in missing.stderr
+    assert not (repo / "shards").exists()
+
+
+# -- the image with mm-batch in it (containers/mm-batch, built by containers/build.sh) ----------
+
+MM_BATCH_IMAGE = "mm-batch/mm-batch:hosted"
+
+
+@pytest.mark.docker
+def test_the_mm_batch_image_runs_the_release_example(
+    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+) -> None:
+    """`mm-batch run` inside the image, as a CI job would run it with the checkout mounted."""
+    docker = shutil.which("docker")
+    if (
+        docker is None
+        or subprocess.run(
+            [docker, "image", "inspect", MM_BATCH_IMAGE], capture_output=True, check=False
+        ).returncode
+    ):
+        missing = f"{MM_BATCH_IMAGE} is not built here (containers/build.sh mm-batch)"
+        if DOCKER_REQUIRED:  # .ci/run builds it
+            pytest.fail(missing)
+        pytest.skip(missing)
+    fake = fake_model(by_prompt(GOOD))
+    repo = hosted_repo(tmp_path)
+    done = subprocess.run(
+        [
+            docker, "run", "--rm", "--network", "host", "--user", f"{os.getuid()}:{os.getgid()}",
+            "-v", f"{repo}:/builds/project", "-w", "/builds/project",
+            "-e", f"FAKE_MODEL_URL={fake.url}", "-e", f"{KEY}=sk-test-image", "-e", "HOME=/tmp",
+            MM_BATCH_IMAGE,
+            "mm-batch", "run", "tasks.yaml", "--model", "hosted_vllm/fake", "--out", "results",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (repo / "results" / "junit.xml").is_file()
+    assert "| hosted_vllm/fake | 6/6 |" in (repo / "results" / "summary.md").read_text()
