@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from mm_batch.config.local_catalog import local_model
-from mm_batch.config.secrets import Masker
+from mm_batch.config.secrets import Masker, masker_of
 from mm_batch.effects.cache import cache_use, install, open_folder, uninstall
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
@@ -115,8 +115,9 @@ class _LocalServers:
     """One llama-server per local model of the plan, started before the runs, stopped after;
     they take turns on the CPU."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, masker: Masker) -> None:
         self.cache = plan.cache
+        self.masker = masker
         self.servers: dict[str, LlamaServer] = {}
         self.failures: dict[str, str] = {}
         self.turns = CpuTurns()
@@ -152,6 +153,7 @@ class _LocalServers:
         client = LiteLLMClient(
             f"hosted_vllm/{server.model.name}",
             options,
+            masker=self.masker,
             timeout=spec.settings.timeout,
             cache=cache_use(self.cache, spec.repeat),
         )
@@ -211,6 +213,8 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     """litellm clients (one per model and options, local models through their own server);
     the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the
     response cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
+    if masker is None:  # what `run` masks: its agents' secrets, and every run's options'
+        masker = masker_of(plan.tasks_file.agents, (r.model_options for r in plan.runs))
     # A cache folder is checked first: before any server starts.
     cache_folder = open_folder(plan.cache) if plan.cache is not None else None
     # Before any command or container exists: nothing of this run may outlive a killed mm-batch.
@@ -218,7 +222,7 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
     sandboxes = _DockerSandboxes(out_dir)
-    local = _LocalServers(plan)
+    local = _LocalServers(plan, masker)
 
     def client_for(spec: RunSpec) -> ModelClient:
         if spec.model in local.servers:
@@ -229,7 +233,11 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
         with lock:
             if key not in clients:
                 clients[key] = LiteLLMClient(
-                    spec.model, spec.model_options, timeout=spec.settings.timeout, cache=use
+                    spec.model,
+                    spec.model_options,
+                    masker=masker,
+                    timeout=spec.settings.timeout,
+                    cache=use,
                 )
             return clients[key]
 
@@ -254,5 +262,5 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
         local.start_all()
         imported.result()
     if cache_folder is not None:
-        install(load_litellm(), cache_folder, masker or Masker([]))
+        install(load_litellm(), cache_folder, masker)
     return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

@@ -146,11 +146,12 @@ def run(
     if problem is not None:
         raise PlanError(problem)
     _check_outside_mounts(plan, out_dir)
-    masker = masker_of(tasks_file.agents)
+    # The command line's model options too: `--model-option api_key=...` is a secret.
+    masker = masker_of(tasks_file.agents, [overrides.model_options])
     cancel = threading.Event()
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
-    facts = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
+    facts: dict[str, Any] = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
     previous = None if rerun_from is None else read_previous(rerun_from).masked(masker)
     in_place = rerun_from is not None and _resolved(rerun_from) == _resolved(out_dir)
     if previous is not None:  # read whole now: it may be the folder about to be replaced

@@ -1,47 +1,77 @@
-"""Secrets: masked as *** in everything mm-batch writes or sends, the model included."""
+"""Secrets: masked as *** in everything mm-batch writes or sends, the model included.
+
+Text from outside (a provider's error, a model's reply, a command's output, a config value)
+becomes `Masked` where it enters, by `Masker.text`; what cuts, folds or quotes a text for a
+report or a request takes `Masked` only (`head`, `head_bytes`, `tail`, `folded` here), so that
+mypy proves the order SPEC 7 asks for: masking before any change to a text. A change made
+after masking cannot show part of a secret: no character of one is left.
+"""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
+import html
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NewType
+from urllib.parse import quote, quote_plus
 
 from mm_batch.config.model import AgentConfig
 
 MIN_SECRET_LENGTH = 6
 MASK = "***"
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+_REPLACEMENT = "\ufffd"  # what decoding leaves of a character a capture's cut split
+
+# Text whose secrets are masked. Only `Masker.text` (and the cuts below, from a `Masked`) make
+# one: a test keeps `Masked(` out of every other module.
+Masked = NewType("Masked", str)
+
+
+def secret_name(name: str) -> bool:
+    """Whether a name (an env var's, a model option's) says its value is a secret."""
+    return _SECRET_NAME.search(name) is not None
 
 
 class Masker:
     """Replaces every known secret value by *** in text; keys and structure are never touched."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        values = sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
+        given = {s for s in secrets if len(s) >= MIN_SECRET_LENGTH}
+        # A secret may come back escaped by someone else: a provider's error quoting the
+        # request's JSON, an HTTP library's repr of a header, a URL's query.
+        forms = {form for s in given for form in _written_forms(s)}
+        values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
-        self._pattern = re.compile("|".join(re.escape(v) for v in values)) if values else None
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return self._secrets
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], extra: Iterable[str] = ()) -> Masker:
-        named = (v for k, v in environ.items() if _SECRET_NAME.search(k))
+        named = (v for k, v in environ.items() if secret_name(k))
         return cls([*named, *extra])
 
-    def text(self, value: str, *, cut: bool = False) -> str:
+    def text(self, value: str, *, cut: bool = False) -> Masked:
         """Mask every secret. `cut`: the text was cut short (a capture limit), so a tail that
-        begins a secret is masked too: a secret straddling the cut leaks no prefix."""
-        if self._pattern is None:
-            return value
-        masked = self._pattern.sub(MASK, value)
+        begins a secret is masked too: a secret straddling the cut leaks no prefix, also when
+        the cut split one of its characters (decoded as U+FFFD, or left out)."""
+        if not self._secrets:
+            return Masked(value)
+        masked = self._masked(value)
         if cut:
-            tail = max((_overlap(masked, s) for s in self._secrets), default=0)
+            tail = self._open_tail(masked)
             if tail:
-                masked = masked[:-tail] + MASK
-        return masked
+                masked = self._masked(masked[:-tail] + MASK)
+        return Masked(masked)
 
     def data(self, value: Any) -> Any:
         """Mask the strings inside JSON-like data (its values: keys are structure)."""
-        if self._pattern is None:
+        if not self._secrets:
             return value
         if isinstance(value, str):
             return self.text(value)
@@ -51,10 +81,84 @@ class Masker:
             return [self.data(v) for v in value]
         return value
 
+    def json_text(self, value: Any) -> Masked:
+        """JSON-like data as JSON text to quote in a reason or an answer: every string in it,
+        keys too, masked before JSON escapes it (an escaped secret would no longer match)."""
+        return self.text(json.dumps(self._all_strings(value), ensure_ascii=False))
 
-def masker_of(agents: Iterable[AgentConfig]) -> Masker:
-    """What a run masks: mm-batch's secret-named env vars and every agent's `${VAR}` values."""
-    return Masker.from_environment(os.environ, [s for a in agents for s in a.secrets])
+    def _all_strings(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.text(str(k)): self._all_strings(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._all_strings(v) for v in value]
+        return value
+
+    def captured(self, data: bytes, *, cut: bool) -> Masked:
+        """Bytes a command wrote, as text with its secrets masked. A capture cut short may end
+        inside a character: that character is left out, and a tail that begins a secret is
+        masked (see `text`)."""
+        if not cut:
+            return self.text(data.decode("utf-8", errors="replace"))
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return self.text(decoder.decode(data, final=False), cut=True)
+
+    def _masked(self, text: str) -> str:
+        """Every character that lies in an occurrence of a secret, overlapping ones included,
+        replaced: one *** per run of such characters; again until none is left, since joining
+        the text around a *** can make a secret of what was not one."""
+        while True:
+            spans = self._spans(text)
+            if not spans:
+                return text
+            pieces: list[str] = []
+            position = 0
+            for start, end in spans:
+                pieces.extend((text[position:start], MASK))
+                position = end
+            pieces.append(text[position:])
+            text = "".join(pieces)
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        """The runs of characters covered by an occurrence of any secret, merged, in order."""
+        found: list[tuple[int, int]] = []
+        for secret in self._secrets:
+            start = text.find(secret)
+            while start >= 0:
+                found.append((start, start + len(secret)))
+                start = text.find(secret, start + 1)
+        if not found:
+            return []
+        found.sort()
+        merged = [found[0]]
+        for start, end in found[1:]:
+            last_start, last_end = merged[-1]
+            if start <= last_end:
+                merged[-1] = (last_start, max(last_end, end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def _open_tail(self, text: str) -> int:
+        """How many last characters of a cut text may begin a secret: the longest end that is a
+        proper beginning of one, also when the cut split a character (decoded as U+FFFD)."""
+        whole = max(_overlap(text, s) for s in self._secrets)
+        bare = text.rstrip(_REPLACEMENT)
+        broken = len(text) - len(bare)
+        split = max(_overlap(bare, s) for s in self._secrets) if broken else 0
+        return max(whole, split + broken if split else 0)
+
+
+def _written_forms(secret: str) -> set[str]:
+    """A secret as itself and as others may have escaped it before mm-batch reads their text."""
+    forms = {secret, html.escape(secret), quote(secret, safe=""), quote_plus(secret, safe="")}
+    forms.add(json.dumps(secret)[1:-1])
+    forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+    forms.add(repr(secret)[1:-1])
+    with contextlib.suppress(UnicodeEncodeError):
+        forms.add(repr(secret.encode("utf-8"))[2:-1])
+    return forms
 
 
 def _overlap(text: str, secret: str) -> int:
@@ -63,3 +167,66 @@ def _overlap(text: str, secret: str) -> int:
         if text.endswith(secret[:n]):
             return n
     return 0
+
+
+def option_secrets(options: Mapping[str, Any]) -> list[str]:
+    """The text values of model options whose key names a key, token, secret or password
+    (`api_key`), at any depth (`extra_headers: {x-api-key: ...}`): secrets wherever the options
+    come from (SPEC 7). Numbers and booleans are limits and switches (`max_tokens`), not
+    credentials."""
+    found: list[str] = []
+    stack: list[tuple[Any, bool]] = [(options, False)]
+    while stack:
+        value, named = stack.pop()
+        if isinstance(value, str):
+            if named:
+                found.append(value)
+        elif isinstance(value, Mapping):
+            stack.extend((v, named or secret_name(str(k))) for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, named) for v in value)
+    return found
+
+
+def masker_of(
+    agents: Iterable[AgentConfig], model_options: Iterable[Mapping[str, Any]] = ()
+) -> Masker:
+    """What a run masks: mm-batch's secret-named env vars, every agent's `${VAR}` values, and
+    the secret-named model options of every agent and of `model_options` (the command line's)."""
+    agents = list(agents)
+    options = [a.model_options for a in agents] + list(model_options)
+    return Masker.from_environment(
+        os.environ,
+        [
+            *(s for a in agents for s in a.secrets),
+            *(s for o in options for s in option_secrets(o)),
+        ],
+    )
+
+
+NO_SECRETS = Masker(())  # for what knows no secrets (a tool's description checked alone)
+
+
+def head(text: Masked, limit: int) -> Masked:
+    """The first `limit` characters of a masked text (it holds no secret, so no part of one)."""
+    return Masked(text[: max(limit, 0)])
+
+
+def tail(text: Masked, limit: int) -> Masked:
+    """The last `limit` characters of a masked text."""
+    return Masked(text[-limit:]) if limit > 0 else Masked("")
+
+
+def head_bytes(text: Masked, limit: int) -> tuple[Masked, int]:
+    """The longest beginning of a masked text that is at most `limit` bytes of UTF-8 (never half
+    a character), and how many bytes are left out."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text, 0
+    kept = data[: max(limit, 0)].decode("utf-8", "ignore")
+    return Masked(kept), len(data) - len(kept.encode("utf-8", "surrogatepass"))
+
+
+def folded(text: Masked) -> Masked:
+    """A masked text with each run of whitespace as one space, and none at either end."""
+    return Masked(" ".join(text.split()))

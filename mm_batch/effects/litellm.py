@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.config.secrets import Masker, folded, head
 from mm_batch.effects.cache import CacheUse, cache_kwargs, served
 from mm_batch.errors import UsageError
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
@@ -285,11 +286,18 @@ def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | No
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+REASON_LIMIT = 300  # characters of a provider's error in a reason
+
+
+def _short(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) -> str:
+    """A provider's error as a reason: masked where it enters, before it is cut at its
+    traceback, folded to one line and cut to `limit` characters (it may quote the key)."""
+    masked = masker.text(str(exc))
     # litellm puts a traceback in some messages: the reason is what comes before it.
-    text = " ".join(str(exc).split("Traceback (most recent call last)")[0].split())
+    before = masked.split("Traceback (most recent call last)")[0]
+    text = folded(masker.text(before))
     if len(text) > limit:
-        text = text[: limit - 3] + "..."
+        text = masker.text(head(text, limit - 3) + "...")
     code = _status_code(exc)
     prefix = f"{type(exc).__name__}" + (f" (HTTP {code})" if code is not None else "")
     return f"{prefix}: {text}"
@@ -315,6 +323,7 @@ class LiteLLMClient:
         model: str,
         options: Mapping[str, Any],
         *,
+        masker: Masker,
         timeout: float = DEFAULT_MODEL_TIMEOUT_S,
         tries: int = MODEL_TRIES,
         backoff_s: float = 1.0,
@@ -323,6 +332,7 @@ class LiteLLMClient:
     ) -> None:
         self.model = model
         self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+        self.masker = masker  # a provider's error may quote the key: masked where it enters
         self.timeout = timeout
         self.cache = cache  # how the run uses the response cache, once `effects.cache.install` ran
         self.tries = tries
@@ -368,9 +378,11 @@ class LiteLLMClient:
                 if time.monotonic() >= deadline:
                     raise ModelDeadlineError(DEADLINE_REASON) from exc
                 if is_malformed(exc):
-                    raise ModelError(f"the model sent a malformed response: {_short(exc)}") from exc
+                    reason = _short(exc, self.masker)
+                    raise ModelError(f"the model sent a malformed response: {reason}") from exc
                 if not is_transient(exc):
-                    raise ModelError(f"the model refused the request: {_short(exc)}") from exc
+                    reason = _short(exc, self.masker)
+                    raise ModelError(f"the model refused the request: {reason}") from exc
                 last = exc
             else:
                 # Only the cache's own word says a reply came from it, never the reply's body.
@@ -388,8 +400,9 @@ class LiteLLMClient:
                 else:
                     self._sleep(delay)
         assert last is not None
+        reason = _short(last, self.masker)
         raise ModelError(
-            f"the model could not be reached after {self.tries} tries: {_short(last)}"
+            f"the model could not be reached after {self.tries} tries: {reason}"
         ) from last
 
     def _wait(self, seconds: float, deadline: float) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm_batch.config.model import AgentConfig, McpServerSpec
-from mm_batch.config.secrets import Masker
+from mm_batch.config.secrets import Masker, head
 from mm_batch.plan import RunSpec
 from mm_batch.run.output import captured_text, decode, model_result
 from mm_batch.run.ports import (
@@ -107,8 +107,8 @@ class CallHandler:
             argv=prepared.argv if prepared is not None and prepared.kind == "command" else None,
             exit_code=exit_code,
             duration_s=result.duration_s if result is not None else None,
-            stdout=decode(result.stdout.data) if result is not None else answer,
-            stderr=decode(result.stderr.data) if result is not None else None,
+            stdout=decode(result.stdout.data, result.stdout.cut) if result is not None else answer,
+            stderr=decode(result.stderr.data, result.stderr.cut) if result is not None else None,
             stdout_bytes=result.stdout.total if result is not None else None,
             stderr_bytes=result.stderr.total if result is not None else None,
             truncated=bool(result is not None and (result.stdout.cut or result.stderr.cut)),
@@ -124,7 +124,7 @@ class CallHandler:
 
     def handle(self, call: ToolCallRequest, deadline: float, said: str | None = None) -> CallResult:
         """Handle one call; `said`: what the model was told so far, to answer a copied example."""
-        prepared = self.toolbox.prepare(call.name, call.raw_arguments, said)
+        prepared = self.toolbox.prepare(call.name, call.raw_arguments, said, masker=self.masker)
         if prepared is None:
             answer = self.toolbox.unknown_tool_answer(call.name)
             reason = f"no tool named '{call.name}'"
@@ -199,6 +199,7 @@ class CallHandler:
             prepared.tool,
             prepared.rendered_arguments,
             prepared.bash_command,
+            self.masker,
         )
 
     def _run_command(self, prepared: PreparedCall, timeout: float) -> _Ran:
@@ -239,12 +240,9 @@ class CallHandler:
             answer = self.masker.text(f"The tool could not be called: {exc}")
             return _Ran("error", str(exc), answer, True)
         if is_error:
-            return _Ran(
-                "error",
-                f"the MCP tool answered an error: {text[:500]}",
-                self.masker.text(text),
-                True,
-            )
+            masked = self.masker.text(text)  # before the cut: a straddling secret leaks nothing
+            reason = f"the MCP tool answered an error: {head(masked, 500)}"
+            return _Ran("error", reason, masked, True)
         return _Ran("ran", None, self.masker.text(text), True)
 
     def _hook(

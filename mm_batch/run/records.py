@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Literal, Protocol
 
-from mm_batch.config.secrets import Masker
+from mm_batch.config.secrets import Masked, Masker, head_bytes
 
 Outcome = Literal["ran", "refused", "invalid", "timeout", "error", "loop"]
 Status = Literal["passed", "failed", "error"]
@@ -29,17 +29,19 @@ def timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def cut_text(text: str, limit: int = TEXT_LIMIT) -> str:
-    """At most `limit` bytes of UTF-8, with a marker saying how much was cut."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
+def cut_text(text: Masked, limit: int = TEXT_LIMIT) -> str:
+    """At most `limit` bytes of UTF-8, with a marker saying how much was cut; only a masked
+    text is cut, so that a secret straddling the cut leaks no prefix."""
+    kept, left_out = head_bytes(text, limit)
+    if not left_out:
         return text
-    kept = data[:limit].decode("utf-8", "ignore")
-    return f"{kept}\n[... {len(data) - limit} more bytes cut; {len(data)} in all ...]"
+    total = len(kept.encode("utf-8", "surrogatepass")) + left_out
+    return f"{kept}\n[... {total - limit} more bytes cut; {total} in all ...]"
 
 
 def _text(masker: Masker, value: str | None, *, cut_before: bool = False) -> str | None:
-    """Masked first, then cut: a secret straddling the cut leaks no prefix."""
+    """Masked first, then cut: a secret straddling the cut leaks no prefix. `cut_before`: the
+    text was cut short where it was captured (see `Masker.text`)."""
     if value is None:
         return None
     return cut_text(masker.text(value, cut=cut_before))

@@ -221,16 +221,19 @@ class Toolbox:
         return [_masked_descriptions(model_schema(s), masker) for s, _, _ in self._tools.values()]
 
     def prepare(
-        self, name: str, raw_arguments: str | None, said: str | None = None
+        self, name: str, raw_arguments: str | None, said: str | None = None, *, masker: Masker
     ) -> PreparedCall | InvalidCall | None:
         """Validate a call; None when no tool has that name. With `said`, a value copied from a
-        parameter's example that nothing said holds is invalid (see `validate_call`)."""
+        parameter's example that nothing said holds is invalid (see `validate_call`). An
+        invalid call's answer quotes what the model sent, masked by `masker`."""
         entry = self._tools.get(name)
         if entry is None:
             return None
         spec, kind, mcp = entry
         # read_skill's names are listed in its description as its allowed values, like an enum.
-        result = validate_call(spec, raw_arguments, said if kind != "skill" else None)
+        result = validate_call(
+            spec, raw_arguments, said if kind != "skill" else None, masker=masker
+        )
         if not isinstance(result, ValidCall):
             return result
         command = result.arguments.get("command") if name == "bash" else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from mm_batch.config.model import AllowRule
+from mm_batch.config.secrets import NO_SECRETS, Masked, Masker, head
 
 # A glob rule never matches a command holding any of these: only an exact rule can. With them
 # bash chains or backgrounds a second command (; & |), substitutes one ($ ` and $'..' quoting),
@@ -48,13 +49,14 @@ def bash_rule_matches(pattern: str, command: str) -> bool:
     return glob_safe(command) and glob_match(pattern, command)
 
 
-def _shown(arguments: Mapping[str, str]) -> str:
-    def clip(value: str) -> str:
+def _shown(arguments: Mapping[str, str], masker: Masker) -> str:
+    def clip(value: Masked) -> str:
+        """Cut a masked value only: a secret straddling the cut leaks no prefix."""
         if len(value) <= SHOWN_VALUE_LIMIT:
             return value
-        return value[: SHOWN_VALUE_LIMIT - 3] + "..."
+        return head(value, SHOWN_VALUE_LIMIT - 3) + "..."
 
-    return ", ".join(f"{clip(k)}={clip(v)}" for k, v in arguments.items())
+    return ", ".join(f"{clip(masker.text(k))}={clip(masker.text(v))}" for k, v in arguments.items())
 
 
 def decide(
@@ -63,8 +65,10 @@ def decide(
     tool: str,
     arguments: Mapping[str, str],
     bash_command: str | None = None,
+    masker: Masker = NO_SECRETS,
 ) -> Decision:
-    """Whether a validated call may run. `arguments` are the coerced values, rendered."""
+    """Whether a validated call may run. `arguments` are the coerced values, rendered; a
+    refusal quotes them masked by `masker`."""
     if yolo:
         return Decision(True, "yolo")
     builtin_bash = tool == "bash" or bash_command is not None
@@ -81,6 +85,6 @@ def decide(
         patterns = rule.args or {}
         if all(k in arguments and glob_match(p, arguments[k]) for k, p in patterns.items()):
             return Decision(True, rule.label)
-    shown = _shown(arguments)
+    shown = _shown(arguments, masker)
     with_args = f" with {shown}" if shown else ""
     return Decision(False, None, f"refused: {tool}{with_args} is not on this run's allowlist")

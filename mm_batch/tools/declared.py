@@ -15,6 +15,7 @@ from typing import Any
 
 from mm_batch.config.load import PLACEHOLDER_RE
 from mm_batch.config.model import ParamSpec, ToolSpec, Value, render_value
+from mm_batch.config.secrets import NO_SECRETS, Masked, Masker, head
 
 MAX_VALUE_BYTES = 64 * 1024
 MAX_INTEGER_DIGITS = 30
@@ -35,8 +36,10 @@ class ValidCall:
 
 @dataclass(frozen=True)
 class InvalidCall:
-    problems: tuple[str, ...]
-    answer: str
+    """What was wrong, and the answer the model gets: both masked (they quote what it sent)."""
+
+    problems: tuple[Masked, ...]
+    answer: Masked
 
 
 def _param_facts(param: ParamSpec) -> list[str]:
@@ -157,15 +160,16 @@ def _json_kind(value: Any) -> str:
     return "object"
 
 
-def _clip(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _clip(text: Masked, limit: int = 80) -> str:
+    """A text cut short for a reason: only a masked one, so that no secret's prefix is left."""
+    return text if len(text) <= limit else head(text, limit - 3) + "..."
 
 
-def _shown(value: Any) -> str:
-    """A value as JSON, cut short: for reasons, never for what runs."""
+def _shown(value: Any, masker: Masker) -> str:
+    """A value as JSON, masked first, then cut short: for reasons, never for what runs."""
     if isinstance(value, str):
-        return json.dumps(_clip(value), ensure_ascii=False)
-    return _clip(json.dumps(value, ensure_ascii=False))
+        return masker.text(json.dumps(_clip(masker.text(value)), ensure_ascii=False))
+    return masker.text(_clip(masker.json_text(value)))
 
 
 def _digit_count(text: str) -> int:
@@ -199,9 +203,12 @@ def _coerce_number(param: ParamSpec, value: Any, shown: str) -> tuple[Value | No
     return number, None
 
 
-def coerce(param: ParamSpec, value: Any) -> tuple[Value | None, str | None]:
-    """Coerce one JSON value leniently: only what needs no guess. Returns (value, problem)."""
-    shown = _shown(value)
+def coerce(
+    param: ParamSpec, value: Any, masker: Masker = NO_SECRETS
+) -> tuple[Value | None, str | None]:
+    """Coerce one JSON value leniently: only what needs no guess. Returns (value, problem),
+    the problem quoting the value masked."""
+    shown = _shown(value, masker)
     if param.type == "json":
         return value, None
     if param.type == "string":
@@ -257,7 +264,7 @@ def _json_problem(value: Any) -> str | None:
     return None
 
 
-def _value_problem(param: ParamSpec, value: Value) -> str | None:
+def _value_problem(param: ParamSpec, value: Value, masker: Masker) -> str | None:
     if isinstance(value, str):
         problem = _text_problem(value)
         if problem is not None:
@@ -268,11 +275,11 @@ def _value_problem(param: ParamSpec, value: Value) -> str | None:
             return problem
     if param.enum is not None and value not in param.enum:
         allowed = ", ".join(render_value(v) for v in param.enum)
-        return f"{_clip(render_value(value))!r} is not one of: {allowed}"
+        return f"{_clip(masker.text(render_value(value)))!r} is not one of: {allowed}"
     return None
 
 
-def _dash_problems(tool: ToolSpec, values: dict[str, Value]) -> list[str]:
+def _dash_problems(tool: ToolSpec, values: dict[str, Value], masker: Masker) -> list[str]:
     """Values that would begin their argv entry with '-': the program would read an option."""
     problems: list[str] = []
     for entry in tool.command:
@@ -284,9 +291,9 @@ def _dash_problems(tool: ToolSpec, values: dict[str, Value]) -> list[str]:
         if param is None or param.allow_dash or not text.startswith("-"):
             continue
         problem = (
-            f"{param.name}: the value {_shown(render_value(values[param.name]))} begins with "
-            f"'-' and would begin the argv entry {_shown(entry)}, where the program would read "
-            "it as an option"
+            f"{param.name}: the value {_shown(render_value(values[param.name]), masker)} begins "
+            f"with '-' and would begin the argv entry {_shown(entry, masker)}, where the program "
+            "would read it as an option"
         )
         if problem not in problems:
             problems.append(problem)
@@ -335,10 +342,16 @@ def _copied_examples(tool: ToolSpec, data: dict[str, Any], said: str) -> list[st
 
 
 def validate_call(
-    tool: ToolSpec, raw_arguments: str | None, said: str | None = None
+    tool: ToolSpec,
+    raw_arguments: str | None,
+    said: str | None = None,
+    *,
+    masker: Masker = NO_SECRETS,
 ) -> ValidCall | InvalidCall:
     """Validate and coerce a model's call of a declared tool, then render its argv. With `said`
-    (what the model was told so far), a value copied from a description's example is invalid."""
+    (what the model was told so far), a value copied from a description's example is invalid.
+    An invalid call's problems and answer quote what the model sent masked by `masker` before
+    any cut (a run's masker: the secrets it knows)."""
     data, problem = parse_arguments(raw_arguments)
     problems: list[str] = []
     coerced: dict[str, Value] = {}
@@ -348,7 +361,7 @@ def validate_call(
     else:
         known = {p.name for p in tool.params}
         unknown = [name for name in data if name not in known]
-        problems.extend(f"unknown parameter {_shown(name)[1:-1]!r}" for name in unknown)
+        problems.extend(f"unknown parameter {_shown(name, masker)[1:-1]!r}" for name in unknown)
         for param in tool.params:
             raw = data.get(param.name)
             if raw is None:
@@ -357,15 +370,15 @@ def validate_call(
                 elif param.default is not None:
                     coerced[param.name] = param.default
                 continue
-            value, why = coerce(param, raw)
+            value, why = coerce(param, raw, masker)
             if value is not None:
-                why = _value_problem(param, value)
+                why = _value_problem(param, value, masker)
             if why is not None or value is None:
                 problems.append(f"{param.name}: {why}")
                 continue
             coerced[param.name] = value
         if not problems:
-            problems.extend(_dash_problems(tool, coerced))
+            problems.extend(_dash_problems(tool, coerced, masker))
         if not problems and said is not None:
             problems.extend(_copied_examples(tool, data, said))
     if problems:
@@ -373,17 +386,20 @@ def validate_call(
             more = len(problems) - MAX_PROBLEMS
             problems = [*problems[:MAX_PROBLEMS], f"... and {more} more problems"]
         lines = [parameter_line(p) for p in tool.params]
-        retry = _retry_call(tool, data, unknown) if len(unknown) == len(problems) else None
+        retry = _retry_call(tool, data, unknown, masker) if len(unknown) == len(problems) else None
         return InvalidCall(
-            tuple(problems), invalid_answer(tool.name, problems, raw_arguments, lines, retry)
+            tuple(masker.text(p) for p in problems),
+            invalid_answer(tool.name, problems, raw_arguments, lines, retry, masker=masker),
         )
     return ValidCall(coerced, render_argv(tool, coerced))
 
 
-def _retry_call(tool: ToolSpec, data: dict[str, Any] | None, unknown: list[str]) -> str | None:
+def _retry_call(
+    tool: ToolSpec, data: dict[str, Any] | None, unknown: list[str], masker: Masker
+) -> str | None:
     """The model's own call without its unknown parameters, written out, when that call is
     valid: told only "unknown parameter", the 0.5B sends the same call again; it copies a call
-    it is shown. Every value in it is one the model sent."""
+    it is shown. Every value in it is one the model sent, masked before JSON escapes it."""
     if data is None:
         return None
     kept = {name: value for name, value in data.items() if name not in unknown}
@@ -393,7 +409,7 @@ def _retry_call(tool: ToolSpec, data: dict[str, Any] | None, unknown: list[str])
         return None
     if not isinstance(validate_call(tool, arguments), ValidCall):
         return None
-    return json.dumps({"name": tool.name, "arguments": kept}, ensure_ascii=False)
+    return masker.json_text({"name": tool.name, "arguments": kept})
 
 
 def invalid_answer(
@@ -402,18 +418,15 @@ def invalid_answer(
     raw_arguments: str | None,
     parameter_lines: list[str],
     retry: str | None = None,
-) -> str:
-    """What an invalid call is answered with: what was wrong, the call quoted, each parameter,
-    and the call to make instead when dropping the unknown parameters makes it valid."""
+    *,
+    masker: Masker = NO_SECRETS,
+) -> Masked:
+    """What an invalid call is answered with: what was wrong, the call quoted (masked, then cut
+    at QUOTE_LIMIT characters), each parameter, and the call to make instead when dropping the
+    unknown parameters makes it valid."""
     lines = [f"Invalid call of {tool_name}; it did not run."]
     lines.extend(f"- {p}" for p in problems)
-    if raw_arguments is None:
-        sent = "(no arguments)"
-    elif len(raw_arguments) > QUOTE_LIMIT:
-        cut = len(raw_arguments) - QUOTE_LIMIT
-        sent = f"{raw_arguments[:QUOTE_LIMIT]} [... {cut} more characters cut ...]"
-    else:
-        sent = raw_arguments
+    sent = "(no arguments)" if raw_arguments is None else _quoted(masker.text(raw_arguments))
     lines.append(f"You sent: {sent}")
     if parameter_lines:
         lines.append(f"Parameters of {tool_name}:")
@@ -423,7 +436,15 @@ def invalid_answer(
     if retry is not None:
         lines.append(f"Call {tool_name} again without the unknown parameters: {retry}")
     lines.append(f"Call {tool_name} again. {CLOSING_SENTENCE}")
-    return "\n".join(lines)
+    return masker.text("\n".join(lines))
+
+
+def _quoted(sent: Masked) -> str:
+    """What the model sent, as an invalid answer quotes it: cut at QUOTE_LIMIT characters, a
+    masked text only (a secret straddling the cut leaks no prefix)."""
+    if len(sent) <= QUOTE_LIMIT:
+        return sent
+    return f"{head(sent, QUOTE_LIMIT)} [... {len(sent) - QUOTE_LIMIT} more characters cut ...]"
 
 
 def _render_entry(entry: str, values: dict[str, Value]) -> tuple[str, str | None] | None:

@@ -6,8 +6,7 @@ same call sent again after that answer runs. None of that may weaken what stands
 consent still decides (a marker file the tool writes proves what really ran), a call invalid
 for another reason never runs however often it is sent, the loop detector still ends a run, no
 value or description raises or ends a run as an error, secrets stay masked, and `expect` judges
-only started calls. Tests marked xfail(strict) are breaks found by these attacks: each reason
-says what goes wrong.
+only started calls. The breaks these attacks found are fixed: their tests say what went wrong.
 """
 
 from __future__ import annotations
@@ -469,13 +468,9 @@ def test_mm_batch_tools_prints_the_descriptions_masked_as_they_are_sent(
     assert json.loads(result.out)[0]["function"]["name"] == "ship"  # names stay as they are
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREAK (before this commit, same root cause as the hold's reason): _shown() cuts "
-    "a value to 80 characters before the record is masked, so the option-injection reason "
-    "leaks a straddling secret's prefix too",
-)
 def test_a_secret_straddling_the_cut_of_an_option_reason_leaks_no_prefix() -> None:
+    """_shown() cut a value to 80 characters before the record was masked: the run's masker
+    now goes into validation, and the value is masked before the cut."""
     value = "-https://hooks.example.com/" + "a" * 43 + SECRET
     tool = ToolSpec(
         name="ship",
@@ -484,10 +479,11 @@ def test_a_secret_straddling_the_cut_of_an_option_reason_leaks_no_prefix() -> No
         command=("./ship.sh", "{{service}}"),
         workdir=Path("."),
     )
-    problem = validate_call(tool, json.dumps({"service": value}))
+    problem = validate_call(tool, json.dumps({"service": value}), masker=Masker([SECRET]))
     assert isinstance(problem, InvalidCall) and "begins with '-'" in problem.problems[0]
     masked = Masker([SECRET]).text(problem.problems[0])
     assert SECRET[:6] not in masked, masked
+    assert SECRET[:6] not in problem.answer
 
 
 # 6. `expect` judges started calls only: a held call is neither started nor refused.
@@ -568,7 +564,7 @@ def test_the_hold_search_is_linear_in_what_was_said() -> None:
     toolbox = Toolbox(_bare_agent(), [tool])
     said = "\n".join("$ ./flood\nstdout:\n" + "_" * RUN for _ in range(128))  # ~2 MiB said
     started = time.perf_counter()
-    prepared = toolbox.prepare("srv_put", json.dumps({"key": value}), said)
+    prepared = toolbox.prepare("srv_put", json.dumps({"key": value}), said, masker=Masker([]))
     spent = time.perf_counter() - started
     assert isinstance(prepared, InvalidCall) and HELD in prepared.problems[0]
     # A bound far from both sides: the linear search takes about 0.25 s here, the regex it
@@ -595,9 +591,13 @@ def test_an_mcp_example_is_held_and_an_mcp_enum_is_not() -> None:
         },
     )
     toolbox = Toolbox(_bare_agent(), [tool])
-    held = toolbox.prepare("srv_put", '{"key": "alpha", "mode": "fast"}', "Put beta.")
+    held = toolbox.prepare(
+        "srv_put", '{"key": "alpha", "mode": "fast"}', "Put beta.", masker=Masker([])
+    )
     assert isinstance(held, InvalidCall) and len(held.problems) == 1
     assert held.problems[0].startswith("key: the value sent is the example")
-    ok = toolbox.prepare("srv_put", '{"key": "beta", "mode": "fast"}', "Put beta.")
+    ok = toolbox.prepare(
+        "srv_put", '{"key": "beta", "mode": "fast"}', "Put beta.", masker=Masker([])
+    )
     assert isinstance(ok, PreparedCall)
     assert isinstance(validate_call(_tool("e.g. alpha."), '{"service": "alpha"}'), ValidCall)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from mm_batch.config.secrets import NO_SECRETS
 from mm_batch.effects.litellm import CALL_GRACE_S, LiteLLMClient
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
 from mm_batch.testing.fake_openai import (
@@ -55,7 +56,11 @@ def calling(function: dict[str, Any]) -> bytes:
 
 def client(fake: FakeOpenAI, timeout: float = 30.0) -> LiteLLMClient:
     return LiteLLMClient(
-        "hosted_vllm/fake", {"api_base": fake.url}, timeout=timeout, backoff_s=0.01
+        "hosted_vllm/fake",
+        {"api_base": fake.url},
+        masker=NO_SECRETS,
+        timeout=timeout,
+        backoff_s=0.01,
     )
 
 

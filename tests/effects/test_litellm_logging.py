@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mm_batch.config.secrets import NO_SECRETS
 from mm_batch.effects.litellm import LiteLLMClient, load_litellm
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
 
@@ -47,7 +48,7 @@ def test_mm_batch_s_model_calls_are_not_logged_by_litellm(
     fake_model: Callable[[Script], FakeOpenAI], logged: threading.Event
 ) -> None:
     fake = fake_model(lambda _r: text("ok"))
-    client = LiteLLMClient("hosted_vllm/fake", {"api_base": fake.url})
+    client = LiteLLMClient("hosted_vllm/fake", {"api_base": fake.url}, masker=NO_SECRETS)
     replies = [client.complete(MESSAGES, [], 30).text for _ in range(3)]
     assert replies == ["ok"] * 3
     time.sleep(0.5)  # litellm logs on its own executor threads, after the call returned
@@ -78,7 +79,7 @@ def test_litellm_does_not_price_mm_batch_s_calls_and_mm_batch_still_does(
     fake = fake_model(lambda _r: text("ok"))
     # litellm's OpenAI client wants a key, which the fake server never reads.
     options = {"api_base": fake.url, "api_key": "not-a-real-key"}
-    reply = LiteLLMClient(model, options).complete(MESSAGES, [], 30)
+    reply = LiteLLMClient(model, options, masker=NO_SECRETS).complete(MESSAGES, [], 30)
     assert reply.text == "ok"
     # litellm's calculation (a third of its CPU a call, under the interpreter lock) never ran...
     assert litellm_priced == []

@@ -189,5 +189,7 @@ def test_a_skill_name_is_never_held_as_a_copied_example(tmp_path: Path) -> None:
     # read_skill lists the skills' names in its parameter's description, as allowed values.
     skill_agent(tmp_path)
     toolbox = Toolbox(load_agent_file(tmp_path / "agent.yaml"))
-    prepared = toolbox.prepare("read_skill", '{"name": "status"}', said="Nothing said.")
+    prepared = toolbox.prepare(
+        "read_skill", '{"name": "status"}', said="Nothing said.", masker=Masker([])
+    )
     assert isinstance(prepared, PreparedCall) and prepared.arguments == {"name": "status"}
