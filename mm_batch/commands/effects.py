@@ -104,6 +104,7 @@ class _Tracked:
         self._owner = owner
         self.where = sandbox.where
         self.execute = sandbox.execute
+        self.execute_check = sandbox.execute_check
         self.protect = sandbox.protect
 
     def close(self) -> None:

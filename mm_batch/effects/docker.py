@@ -1,14 +1,23 @@
 """The Docker sandbox: one hardened container per task run, each call an exec of the argv list.
 
 This module is the only one that imports the docker SDK. Measured facts it relies on:
-- `exec_run` has no timeout and closing its stream leaves the process running, so a deadline is
-  enforced by `kill -9 -1` run as the tools' uid; the container's keep-alive process runs as
-  another uid, so the kill takes down every process of the calls and the container stays usable.
+- `exec_run` has no timeout and closing its stream leaves the process running, so what a call
+  leaves running (and a timed-out call) is killed by the sweep: a root exec whose only
+  capability is CAP_KILL (the container holds no other; tools run as a non-root uid, so they hold
+  none) scans /proc, SIGKILLs every process of the tools' uid until a scan finds none, and says
+  so. No tool process can signal, stop or trace it (another uid, no capability), so its word is
+  the runtime's: a call whose processes it cannot end makes the task run an error.
 - The SDK turns the socket timeout off on exec streams: each exec's stream is read here, from a
   socket of our own, with select and a deadline, and a quiet stream makes us ask the engine
-  whether it still answers, so that a stalled engine fails the call instead of hanging it.
+  whether it still answers, so that a stalled engine fails the call instead of hanging it. The
+  stream is read while a timed-out call is killed: an exec flooding its output otherwise stalls
+  the engine's other execs (the kill among them) for 20 s.
 - When the runtime cannot start the program (not found, not executable), the exec's `Pid` is 0
-  and its message comes on stdout; a program that ran has a pid, whatever it prints.
+  and its message comes on stdout. When the kernel refuses a program the runtime found (a
+  missing `#!` interpreter, `#!/bin/sh\r`, an empty or garbage file) the exec has a pid, exits 1
+  and the runtime writes `exec PROGRAM: REASON` on stderr: words any program could print, so
+  they count only for a program whose content mm-batch read at start and knows the kernel
+  refuses; any other program that printed them ran, as far as anyone can tell.
 - `put_archive` cannot write into a tmpfs, so a `copy` workspace is a tar stream into
   `tar -xf -` run as the tools' uid.
 """
@@ -16,8 +25,10 @@ This module is the only one that imports the docker SDK. Measured facts it relie
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
+import posixpath
 import re
 import secrets
 import select
@@ -34,7 +45,7 @@ from typing import Any
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.host import KILL_GRACE_S, LOG_LIMIT, Sink
 from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START, process_start
-from mm_batch.run.ports import EMPTY, Captured, ExecResult, SandboxError
+from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram, SandboxError
 
 WORKSPACE = PurePosixPath("/workspace")
 LABEL = "mm-batch"
@@ -43,15 +54,89 @@ LABEL_PID_NS = "mm-batch.pid-ns"
 ENGINE_TIMEOUT_S = 20.0  # every engine request; with the probe below, a stall fails in < 60 s
 PROBE_AFTER_S = 10.0  # a call whose stream is quiet this long asks the engine whether it answers
 PROBE_TIMEOUT_S = 10.0
-TMP_BYTES = 256 * 1024 * 1024  # the tmpfs /tmp (HOME), counted in the memory limit
+# The sandbox's own tmpfs space, counted in the memory limit: /tmp (each call's HOME and TMPDIR),
+# the checks' space and the program copies, 256 MiB in all.
+TMP_BYTES = 192 * 1024 * 1024
+CHECK_DIR = "/.mm-batch-check"  # the checks' copies, HOME and TMPDIR: owned by the check uid
+CHECK_BYTES = 32 * 1024 * 1024
+PROGRAMS_DIR = "/.mm-batch-programs"  # copies of the tools' programs: root's, read-only to tools
+PROGRAMS_BYTES = 32 * 1024 * 1024
+ROOT = "0:0"  # the sweep, the program copies and mm-batch's probes: root holding only CAP_KILL
 _PAGE = 4096
 _KEEPALIVE = ["sleep", "2147483647"]
-_KILL_ALL = ["/bin/sh", "-c", "kill -9 -1"]  # `kill` may be a built-in: its status is not used
 _KILL_TRIES_S = 5.0
+# Each pass lists the processes of the uid ($1) and SIGKILLs them; a pass that finds none prints
+# `clean`. Zombies are dead already (docker-init reaps them). `kill` may be the shell's built-in
+# and its status is not trusted: only the next pass's count is. The shell's own pid is skipped;
+# it runs as root, never the uid swept.
+_SWEEP = r"""
+u=$1; n=0
+while :; do
+  left=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    s=; r=; e=
+    { while read -r k a b c; do
+        case $k in State:) s=$a ;; Uid:) r=$a; e=$b; break ;; esac
+      done <"$d/status"; } 2>/dev/null
+    [ "$r" = "$u" ] || [ "$e" = "$u" ] || continue
+    [ "$s" = Z ] || [ "$s" = X ] || left="$left $p"
+  done
+  [ -z "$left" ] && { echo clean; exit 0; }
+  n=$((n + 1))
+  [ $n -gt 300 ] && { echo "left$left"; exit 3; }
+  kill -9 $left 2>/dev/null
+done
+"""
+# Run as the tools' uid once the sweep found none of their processes: empty /tmp and /dev/shm
+# (what a call left there: dotfiles, .pth files, caches), make the next call's HOME and TMPDIR
+# ($1), then say which program copies ($2 $3, ... pairs of copy and original) the originals
+# still equal. Prints `ready` at the end; `kept NAME` for what could not be removed.
+_RESET = r"""
+h=$1; shift
+cd / || exit 4
+for d in /tmp /dev/shm; do
+  for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    [ -d "$f" ] && [ ! -L "$f" ] && chmod -R u+rwx "$f" 2>/dev/null
+    rm -rf "$f" 2>/dev/null
+    { [ -e "$f" ] || [ -L "$f" ]; } && echo "kept $f"
+  done
+done
+mkdir -m 700 "$h" && mkdir -m 700 "$h/tmp" || exit 5
+while [ $# -ge 2 ]; do
+  [ -f "$2" ] && cmp -s "$1" "$2" 2>/dev/null && echo "same $1"
+  shift 2
+done
+echo ready
+"""
+# As root: place one program copy ($1 folder, $2 name, content on stdin), then say whether the
+# original ($3) still holds the same bytes.
+_PLACE = r"""
+set -e; umask 022
+mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"
+if [ -f "$3" ] && cmp -s "$1/$2" "$3" 2>/dev/null; then echo same; else echo changed; fi
+"""
+# As root: whether a `#!` interpreter the kernel did not find is really missing. It prints the
+# real path of the deepest folder on its way that exists (root must be able to enter it); the
+# caller believes the absence only when that folder lies outside every place a tool can write:
+# there, nothing can have been made and removed since the exec.
+_INTERPRETER_MISSING = r"""
+i=$1
+{ [ -e "$i" ] || [ -L "$i" ]; } && exit 0
+d=$i
+while :; do
+  d=${d%/*}; [ -n "$d" ] || d=/
+  [ -d "$d" ] && break
+  { [ -e "$d" ] || [ -L "$d" ]; } && exit 0
+done
+cd "$d" 2>/dev/null && pwd -P
+"""
 _READ_CHUNK = 65536
 _COPY_ERRORS = "/tmp/.mm-batch-copy-errors"
 # Exit codes of the start-up script, each a clear reason (no program picks them: it runs first).
-_NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE, _NO_TAR = 90, 91, 92, 93
+_NO_SLEEP, _COPY_FAILED, _NOT_WRITABLE, _NO_TAR, _NO_HOME = 90, 91, 92, 93, 94
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -119,9 +204,42 @@ def remove_orphans(client: Any) -> int:
     return removed
 
 
-def _keepalive_user(user: str) -> str:
-    """Another non-root uid for the container's own process, out of reach of `kill -1`."""
-    return "65533:65533" if user.split(":", maxsplit=1)[0] == "65534" else "65534:65534"
+def check_user(user: str) -> str:
+    """The uid a `check` runs as: never the tools' (so no tool can signal, trace or fill it)."""
+    return "65531:65531" if user.split(":", maxsplit=1)[0] == "65532" else "65532:65532"
+
+
+# Where tools can write in any container (its tmpfs mounts): an interpreter path there may
+# have been made and removed by a call, so its absence proves nothing.
+_WRITABLE = ("/tmp", "/dev", str(WORKSPACE), "/proc", "/sys", CHECK_DIR, PROGRAMS_DIR)
+
+
+def kernel_refusal(content: bytes) -> str | None:
+    """Why the kernel refuses to execute a file holding `content`, in the runtime's words (the
+    errno's text), or None when it may run it. For `#!` lines the interpreter is returned as
+    `interpreter:PATH`: whether it exists is for the image to say."""
+    if content.startswith(b"\x7fELF"):
+        return None  # whether this machine runs it is not for us to guess
+    if content.startswith(b"#!"):
+        line = content[2:].split(b"\n", 1)[0].strip(b" \t")
+        interpreter = line.split(b" ", 1)[0].split(b"\t", 1)[0]
+        if not interpreter or not interpreter.startswith(b"/") or b"\0" in interpreter:
+            return None
+        return "interpreter:" + interpreter.decode("utf-8", "surrogateescape")
+    if _binfmt_handlers():
+        return None  # the kernel may hand it to a registered handler (qemu, a JVM, ...)
+    return "exec format error"  # no `#!` and no ELF header: ENOEXEC (an empty file too)
+
+
+@functools.cache
+def _binfmt_handlers() -> bool:
+    """Whether this kernel has binfmt_misc handlers, which run files that are neither ELF nor
+    `#!` (containers share the host's kernel)."""
+    try:
+        names = os.listdir("/proc/sys/fs/binfmt_misc")
+    except OSError:
+        return False
+    return any(name not in ("register", "status") for name in names)
 
 
 def size_bytes(text: str) -> int:
@@ -251,6 +369,79 @@ class _EngineError(Exception):
     """The engine failed or stopped answering, or the container is gone."""
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One exec of a tool or a check: its argv as the model's call has it, what was executed
+    (program copies swapped in), where, as which uid, and what the kernel would say of argv[0]
+    when its content was read at start (`kernel_refusal`)."""
+
+    argv: Sequence[str]
+    command: Sequence[str]
+    workdir: str
+    uid: int
+    refusal: str | None
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """The runtime said the kernel refused the program: `verified` when mm-batch knows that of
+    the program's content, else the words may be the program's own."""
+
+    reason: str
+    verified: bool
+
+    def result(
+        self,
+        argv: Sequence[str],
+        workdir: str,
+        where: str,
+        stdout: Captured,
+        stderr: Captured,
+        duration: float,
+    ) -> ExecResult:
+        if self.verified:
+            reason = _not_started_reason(self.reason, argv, workdir, where)
+            return ExecResult(None, EMPTY, EMPTY, duration, error=reason, started=False)
+        # An error, never `ran`: `expect.calls` cannot pass on it; and started, so that no
+        # negative check can pass on a program that printed the runtime's words.
+        reason = (
+            f"the runtime says it could not execute {argv[0]} ({self.reason}); that cannot be "
+            "verified, so the call counts as started"
+        )
+        return ExecResult(None, stdout, stderr, duration, error=reason, started=True)
+
+
+class _Background:
+    """A request to the engine on a thread of its own; `failure` says why it failed."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.began = time.monotonic()
+        self.failure: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(action,), daemon=True)
+        self._thread.name = "mm-batch-sweep"
+        self._thread.start()
+
+    def _run(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except (_EngineError, SandboxError) as exc:
+            self.failure = str(exc)
+        except Exception as exc:  # a thread must not die silently: the call fails instead
+            self.failure = f"internal error: {type(exc).__name__}: {exc}"
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return self.done()
+
+
+def _fresh_home() -> str:
+    """A name for a call's HOME that no call can guess (and so cannot have made)."""
+    return f"/tmp/.mm-batch-home-{secrets.token_hex(16)}"
+
+
 def _not_started_reason(message: str, argv: Sequence[str], workdir: str, where: str) -> str:
     """The host executor's wording, from the runtime's own message (Pid 0: it never started)."""
     lowered = message.lower()
@@ -286,10 +477,20 @@ class DockerSandbox:
         self._lock = threading.Lock()
         self._oom_kills = 0
         self._closed = False
-        self._sweeper: threading.Thread | None = None
+        self._sweeper: _Background | None = None
         self._sweep_failure: str | None = None
         uid, _, gid = spec.user.partition(":")
         self._uid, self._gid = int(uid), int(gid or uid)
+        self._check_user = check_user(spec.user)
+        self._check_uid = int(self._check_user.split(":")[0])
+        # Each call's HOME (and TMPDIR below it): made after the previous call's sweep.
+        self._home = _fresh_home()
+        # Program copies placed in the container: (file at start, content) -> (copy, original
+        # in the container); and which copies the originals still equalled at the last look.
+        self._programs: dict[tuple[Path, bytes], tuple[str, str]] = {}
+        self._same: set[str] = set()
+        # False only in benchmarks/exec.py, to measure what the fresh HOME costs a call.
+        self.fresh_home_per_call = True
 
     @property
     def where(self) -> str:
@@ -323,10 +524,17 @@ class DockerSandbox:
         from docker.errors import ImageNotFound
         from docker.types import LogConfig
 
-        memory = size_bytes(self.spec.memory) + TMP_BYTES
-        # `exec`: Docker's tmpfs default is noexec, and ./release.sh runs from the workspace and
-        # a `check` from its pristine copy under /tmp.
-        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={TMP_BYTES},mode=1777"}
+        memory = size_bytes(self.spec.memory) + TMP_BYTES + CHECK_BYTES + PROGRAMS_BYTES
+        # `exec`: Docker's tmpfs default is noexec, and ./release.sh runs from the workspace,
+        # a program's copy from PROGRAMS_DIR and a `check` from its copy in CHECK_DIR.
+        check_uid = self._check_uid
+        tmpfs = {
+            "/tmp": f"rw,exec,nosuid,nodev,size={TMP_BYTES},mode=1777",
+            CHECK_DIR: (
+                f"rw,exec,nosuid,nodev,size={CHECK_BYTES},uid={check_uid},gid={check_uid},mode=0700"
+            ),
+            PROGRAMS_DIR: f"rw,exec,nosuid,nodev,size={PROGRAMS_BYTES},mode=0755",
+        }
         volumes: dict[str, dict[str, str]] = {}
         if self.spec.workspace == "copy":
             room = size_bytes(self.spec.workspace_size)
@@ -345,9 +553,13 @@ class DockerSandbox:
                 command=_KEEPALIVE,
                 detach=True,
                 init=True,
-                user=_keepalive_user(self.spec.user),
+                # Root for the container's own processes, so that the sweep (a root exec) holds
+                # CAP_KILL, the one capability kept: a non-root exec gets none (no-new-privileges
+                # and no file capabilities), so no tool can signal, stop or trace a root process.
+                user=ROOT,
                 network_mode=self.spec.network,
                 cap_drop=["ALL"],
+                cap_add=["KILL"],
                 security_opt=["no-new-privileges"],
                 privileged=False,
                 read_only=True,
@@ -393,6 +605,7 @@ class DockerSandbox:
             )
         elif self.spec.workspace == "mount":
             script += f"[ -w {WORKSPACE} ] || exit {_NOT_WRITABLE}\n"
+        script += f"mkdir -m 700 {self._home} {self._home}/tmp || exit {_NO_HOME}\n"
 
         def send(sock: socket.socket) -> None:
             assert snapshot is not None
@@ -437,6 +650,8 @@ class DockerSandbox:
                 f"workspace: mount needs {self.agent_dir} writable by the sandbox user "
                 f"{self.spec.user}; make it so, or use workspace: copy"
             )
+        if done.exit_code == _NO_HOME:
+            raise SandboxError(f"cannot make a HOME folder under /tmp in image {image}")
         if done.exit_code != 0:
             raise SandboxError(
                 f"the sandbox's start-up check failed in image {image} (exit {done.exit_code})"
@@ -454,14 +669,12 @@ class DockerSandbox:
         return f"the container failed at start: {reason}"
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
-        """Root-owned copies in a fresh 0755 folder under /tmp that the tools' uid cannot change.
-
-        Written by execs as uid 0: without capabilities root still owns what it writes, and the
-        folder's random name is created with a plain `mkdir`, which fails if a command made it.
-        """
+        """Copies for a `check`, in its own space (CHECK_DIR: a tmpfs of the check uid, mode
+        0700), which no tool can read, change or fill. Written by execs as the check uid; the
+        folder's random name is made with a plain `mkdir`."""
         self.start()
         self._settle()
-        folder = f"/tmp/.mm-batch-pristine-{secrets.token_hex(16)}"
+        folder = f"{CHECK_DIR}/copies-{secrets.token_hex(16)}"
         paths: dict[Path, str] = {}
         script = 'set -e; umask 022; [ "$3" = 0 ] && mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"'
         for i, (original, content) in enumerate(files.items()):
@@ -472,7 +685,9 @@ class DockerSandbox:
 
             try:
                 done = self._run(
-                    ["/bin/sh", "-c", script, "protect", folder, name, str(i)], "0:0", send
+                    ["/bin/sh", "-c", script, "protect", folder, name, str(i)],
+                    self._check_user,
+                    send,
                 )
             except (_EngineError, OSError) as exc:
                 raise SandboxError(f"cannot place a copy of {original.name}: {exc}") from exc
@@ -483,6 +698,49 @@ class DockerSandbox:
                 )
             paths[original] = f"{folder}/{name}"
         return paths
+
+    def _program_copy(self, program: PinnedProgram, original: str) -> tuple[str, bool]:
+        """The container copy of a program as read at start, placed at its first use (by root,
+        in PROGRAMS_DIR), and whether the original still holds the same bytes now."""
+        key = (program.path, program.content)
+        placed = self._programs.get(key)
+        if placed is not None:
+            return placed[0], placed[0] in self._same
+        folder = f"{PROGRAMS_DIR}/{len(self._programs)}"
+        name = program.path.name
+
+        def send(sock: socket.socket) -> None:
+            sock.sendall(program.content)
+
+        try:
+            done = self._run(["/bin/sh", "-c", _PLACE, "place", folder, name, original], ROOT, send)
+        except (_EngineError, OSError) as exc:
+            raise SandboxError(f"cannot place a copy of {program.entry}: {exc}") from exc
+        if done.pid == 0 or done.exit_code != 0:
+            raise SandboxError(
+                f"cannot place a copy of {program.entry} in the sandbox "
+                f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
+            )
+        copy = f"{folder}/{name}"
+        self._programs[key] = (copy, original)
+        same = done.stdout.strip() == b"same"
+        if same:
+            self._same.add(copy)
+        return copy, same
+
+    def _pinned(
+        self, argv: Sequence[str], workdir: PurePosixPath, programs: Sequence[PinnedProgram]
+    ) -> tuple[list[str], bool]:
+        """argv where each pinned program whose file no longer holds what it held at start runs
+        from its copy (one that does runs in place: `$0`'s folder is unchanged), and whether
+        argv[0] is one of them. Decided after the previous call's sweep: no tool process is
+        alive to change a file between this look and the exec."""
+        pinned = list(argv)
+        for program in programs:
+            copy, same = self._program_copy(program, str(workdir / program.entry))
+            if not same:
+                pinned[program.index] = copy
+        return pinned, any(p.index == 0 for p in programs)
 
     def close(self) -> None:
         with self._lock:
@@ -511,6 +769,8 @@ class DockerSandbox:
         env: Mapping[str, str],
         timeout: float,
         cancel: threading.Event | None = None,
+        *,
+        programs: Sequence[PinnedProgram] = (),
     ) -> ExecResult:
         begun = time.monotonic()
         try:
@@ -522,23 +782,68 @@ class DockerSandbox:
         try:
             self.start()
             self._settle()
+            command, first_pinned = self._pinned(argv, container_workdir, programs)
+            refusal = None
+            if first_pinned:
+                refusal = kernel_refusal(next(p for p in programs if p.index == 0).content)
+            # A HOME and TMPDIR no earlier call could write (made after its sweep); the tool's
+            # own `env` comes last, as on the host.
+            call_env = {"HOME": self._home, "TMPDIR": f"{self._home}/tmp", **env}
             exec_id = self._create_exec(
-                argv, self.spec.user, str(container_workdir), {"HOME": "/tmp", **env}, False
+                command, self.spec.user, str(container_workdir), call_env, False
             )
         except (SandboxError, _EngineError) as exc:
             return self._failed(begun, f"{exc}", EMPTY, EMPTY, started=False)
+        call = _Call(argv, command, str(container_workdir), self._uid, refusal)
+        return self._run_call(exec_id, call, begun, timeout, cancel, sweep_after=True)
+
+    def execute_check(
+        self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None
+    ) -> ExecResult:
+        """A `check` as the check uid, HOME and TMPDIR in CHECK_DIR: no tool can signal or trace
+        it (another uid), nor change its copies or fill its scratch space."""
+        begun = time.monotonic()
+        try:
+            container_workdir = self._container_path(workdir)
+        except ValueError as exc:
+            return ExecResult(
+                None, EMPTY, EMPTY, time.monotonic() - begun, error=str(exc), started=False
+            )
+        try:
+            self.start()
+            self._settle()
+            exec_id = self._create_exec(
+                argv,
+                self._check_user,
+                str(container_workdir),
+                {"HOME": CHECK_DIR, "TMPDIR": CHECK_DIR},
+                False,
+            )
+        except (SandboxError, _EngineError) as exc:
+            return self._failed(begun, f"{exc}", EMPTY, EMPTY, started=False)
+        call = _Call(argv, argv, str(container_workdir), self._check_uid, None)
+        return self._run_call(exec_id, call, begun, timeout, cancel, sweep_after=False)
+
+    def _run_call(
+        self,
+        exec_id: str,
+        call: _Call,
+        begun: float,
+        timeout: float,
+        cancel: threading.Event | None,
+        sweep_after: bool,
+    ) -> ExecResult:
         try:
             # From here on the engine may have started the program: a failure counts as started.
             sock = self._open_stream(exec_id)
         except _EngineError as exc:
             return self._failed(begun, str(exc), EMPTY, EMPTY, started=True)
         try:
-            return self._supervise(
-                exec_id, sock, argv, str(container_workdir), begun, timeout, cancel
-            )
+            return self._supervise(exec_id, sock, call, begun, timeout, cancel)
         finally:
             sock.close()
-            self._sweep_later()
+            if sweep_after:
+                self._sweep_later()
 
     def _failed(
         self, begun: float, reason: str, out: Captured, err: Captured, started: bool
@@ -558,8 +863,7 @@ class DockerSandbox:
         self,
         exec_id: str,
         sock: socket.socket,
-        argv: Sequence[str],
-        workdir: str,
+        call: _Call,
         begun: float,
         timeout: float,
         cancel: threading.Event | None,
@@ -567,23 +871,33 @@ class DockerSandbox:
         out, err = Sink(self.log_limit), Sink(self.log_limit)
         frames = _Frames(out, err)
         deadline = begun + timeout
-        stopped_at: float | None = None
+        killer: _Background | None = None
+        killed_at: float | None = None
         timed_out = interrupted = False
         heard = time.monotonic()
         while True:
             now = time.monotonic()
-            if stopped_at is None and (now >= deadline or (cancel is not None and cancel.is_set())):
+            if killer is None and (now >= deadline or (cancel is not None and cancel.is_set())):
                 timed_out, interrupted = now >= deadline, now < deadline
-                try:
-                    self._kill_calls()
-                except _EngineError as exc:
+                # The stream is read on while the kill runs: an exec still printing otherwise
+                # holds up the engine's other execs, the kill's among them.
+                killer = _Background(lambda: self._sweep(call.uid))
+            if killer is not None and killed_at is None and killer.done():
+                if killer.failure is not None:
                     return self._failed(
-                        begun, str(exc), out.captured(), err.captured(), started=True
+                        begun, killer.failure, out.captured(), err.captured(), started=True
                     )
-                stopped_at = now = time.monotonic()
+                killed_at = now
             # Output held open by a process the kill could not reach must not hold us forever.
-            if stopped_at is not None and now >= stopped_at + 2 * KILL_GRACE_S:
+            if killed_at is not None and now >= killed_at + 2 * KILL_GRACE_S:
                 break
+            if (
+                killer is not None
+                and killed_at is None
+                and now >= killer.began + 2 * (ENGINE_TIMEOUT_S + _KILL_TRIES_S)
+            ):
+                reason = "the call's processes could not be stopped in time"
+                return self._failed(begun, reason, out.captured(), err.captured(), started=True)
             if now - heard >= PROBE_AFTER_S:
                 problem = self._probe()
                 if problem is not None:
@@ -591,7 +905,7 @@ class DockerSandbox:
                         begun, problem, out.captured(), err.captured(), started=True
                     )
                 heard = now
-            wait = max(0.001, min(0.1, deadline - now if stopped_at is None else 0.1))
+            wait = max(0.001, min(0.1, deadline - now if killer is None else 0.05))
             try:
                 readable, _, _ = select.select([sock], [], [], wait)
                 if not readable:
@@ -603,16 +917,21 @@ class DockerSandbox:
                 reason = f"the engine's stream broke: {_first_line(exc)}"
                 return self._failed(begun, reason, out.captured(), err.captured(), started=True)
             if not chunk:
+                if killer is not None and killed_at is None:
+                    killer.wait()  # the stream ended: the kill's word is still needed
+                    if killer.failure is not None:
+                        return self._failed(
+                            begun, killer.failure, out.captured(), err.captured(), started=True
+                        )
                 break
             frames.feed(chunk)
             heard = time.monotonic()
-        return self._conclude(exec_id, argv, workdir, begun, out, err, timed_out, interrupted)
+        return self._conclude(exec_id, call, begun, out, err, timed_out, interrupted)
 
     def _conclude(
         self,
         exec_id: str,
-        argv: Sequence[str],
-        workdir: str,
+        call: _Call,
         begun: float,
         out: Sink,
         err: Sink,
@@ -631,6 +950,7 @@ class DockerSandbox:
                 None, stdout, stderr, duration, timed_out=timed_out, interrupted=interrupted
             )
         pid, code = int(info.get("Pid") or 0), info.get("ExitCode")
+        argv, workdir = call.argv, call.workdir
         if pid == 0 and not info.get("Running"):
             # The runtime never started the program: what it said is its own, not the program's.
             reason = _not_started_reason(
@@ -641,6 +961,9 @@ class DockerSandbox:
             reason = self._fate("the exec's stream ended while the command was still running")
             return self._failed(begun, reason, stdout, stderr, started=True)
         exit_code = int(code)
+        refused = self._kernel_refused(call, exit_code, stdout, stderr)
+        if refused is not None:
+            return refused.result(argv, workdir, self.where, stdout, stderr, duration)
         if exit_code >= 128:  # a signal: the container's own death kills every exec with 137
             dead = self._dead_after_signal()
             if dead is not None:
@@ -654,6 +977,43 @@ class DockerSandbox:
                 error=f"killed: out of memory (the sandbox limit is {self.spec.memory})",
             )
         return ExecResult(exit_code, stdout, stderr, duration)
+
+    def _kernel_refused(
+        self, call: _Call, exit_code: int, stdout: Captured, stderr: Captured
+    ) -> _Refusal | None:
+        """Whether the runtime says the kernel refused the program (exit 1, nothing on stdout,
+        `exec PROGRAM: REASON` alone on stderr), and whether that can be believed."""
+        prefix = f"exec {call.command[0]}: ".encode(errors="surrogateescape")
+        said = stderr.data
+        if exit_code != 1 or stdout.total or not said.startswith(prefix):
+            return None
+        if not said.endswith(b"\n") or said.count(b"\n") != 1 or stderr.cut:
+            return None
+        reason = said[len(prefix) : -1].decode(errors="replace")
+        expected = call.refusal
+        if expected is not None and expected.startswith("interpreter:"):
+            interpreter = expected.removeprefix("interpreter:")
+            expected = "no such file or directory" if self._missing(interpreter) else None
+        # Believed only for a program whose bytes mm-batch read at start and knows the kernel
+        # refuses: any program can print these words.
+        return _Refusal(reason, verified=expected is not None and reason == expected)
+
+    def _missing(self, interpreter: str) -> bool:
+        """Whether a `#!` interpreter is missing in a way no call could have arranged: a path
+        outside every writable mount that exists nowhere, with no link on its way (root's look,
+        which no tool process can touch)."""
+        if posixpath.normpath(interpreter) != interpreter or any(
+            interpreter == top or interpreter.startswith(top + "/") for top in _WRITABLE
+        ):
+            return False  # `..`, `//`, a writable place: it may have been there at the exec
+        try:
+            done = self._run(["/bin/sh", "-c", _INTERPRETER_MISSING, "look", interpreter], ROOT)
+        except _EngineError:
+            return False
+        folder = done.stdout.decode(errors="replace").strip()
+        if done.pid == 0 or done.exit_code != 0 or not folder.startswith("/"):
+            return False
+        return not any(folder == top or folder.startswith(top + "/") for top in _WRITABLE)
 
     def _fate(self, reason: str) -> str:
         """The container's death, when that is why the engine could not answer about an exec."""
@@ -682,7 +1042,7 @@ class DockerSandbox:
         its pid namespace dies with its init at once: a fresh exec cannot start there then.
         """
         try:
-            if self._run(["/bin/sh", "-c", ":"], self.spec.user).pid != 0:
+            if self._run(["/bin/sh", "-c", ":"], ROOT).pid != 0:
                 return None
         except _EngineError:
             pass
@@ -825,45 +1185,62 @@ class DockerSandbox:
     # -- what calls leave behind -------------------------------------------------------------
 
     def _sweep_later(self) -> None:
-        """Kill what the call left running, off the caller's path; the next call waits for it."""
+        """Sweep what the call left running and make the next call's HOME, off the caller's
+        path; the next call (or check) waits for both, and fails if they failed."""
         if self.container is None:
             return
+        self._sweeper = _Background(self._sweep_and_reset)
 
-        def sweep() -> None:
-            try:
-                self._kill_calls()
-            except _EngineError as exc:
-                self._sweep_failure = str(exc)
-
-        self._sweeper = threading.Thread(target=sweep, daemon=True, name="mm-batch-sweep")
-        self._sweeper.start()
+    def _sweep_and_reset(self) -> None:
+        self._sweep(self._uid)
+        if not self.fresh_home_per_call:
+            return
+        home = _fresh_home()
+        pairs = [item for copy, original in self._programs.values() for item in (copy, original)]
+        done = self._run(["/bin/sh", "-c", _RESET, "reset", home, *pairs], self.spec.user)
+        lines = done.stdout.decode(errors="replace").splitlines()
+        if done.pid == 0 or done.exit_code != 0 or not lines or lines[-1] != "ready":
+            detail = "; ".join(lines[:3]) or f"exit {done.exit_code}"
+            raise _EngineError(f"cannot make a fresh HOME for the next call ({detail})")
+        kept = [line.removeprefix("kept ") for line in lines if line.startswith("kept ")]
+        if kept:
+            raise _EngineError(f"what a call left in {', '.join(kept[:3])} could not be removed")
+        self._same = {line.removeprefix("same ") for line in lines if line.startswith("same ")}
+        self._home = home
 
     def _settle(self) -> None:
         """Wait for the previous call's sweep: no call may start while another's processes live."""
         sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
-            sweeper.join(ENGINE_TIMEOUT_S + _KILL_TRIES_S)
-            if sweeper.is_alive():
-                raise SandboxError("the previous call's processes could not be stopped in time")
+            if not sweeper.wait(2 * (ENGINE_TIMEOUT_S + _KILL_TRIES_S)):
+                self._sweep_failure = "the previous call's processes could not be stopped in time"
+            elif sweeper.failure is not None:
+                self._sweep_failure = sweeper.failure
         if self._sweep_failure is not None:
             raise SandboxError(
                 f"the previous call's processes could not be stopped: {self._sweep_failure}"
             )
 
-    def _kill_calls(self) -> None:
-        """SIGKILL every process of the tools' uid: the calls' whole trees, not the container.
+    def _sweep(self, uid: int) -> None:
+        """SIGKILL every process of `uid` from a root exec holding CAP_KILL, until a pass finds
+        none; raises _EngineError when some are left (the call then fails the task run).
 
-        Under a fork bomb the kill itself may find no free pid (the runtime then starts nothing,
-        Pid 0): it is tried again while the bomb's processes come and go.
+        Under a fork bomb the sweep's exec may find no free pid (the runtime then starts
+        nothing, Pid 0): it is tried again while the bomb's processes come and go.
         """
         give_up = time.monotonic() + _KILL_TRIES_S
         while True:
-            done = self._run(_KILL_ALL, self.spec.user)
+            done = self._run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
             if done.pid != 0:
-                return
+                break
             if time.monotonic() >= give_up:
                 raise _EngineError("the calls' processes could not be killed (no free pid)")
             time.sleep(0.05)
+        said = done.stdout.decode(errors="replace").strip()
+        if done.exit_code != 0 or said != "clean":
+            raise _EngineError(
+                f"processes of uid {uid} are still alive after the sweep ({said[:200]})"
+            )
 
     def _new_oom_kill(self) -> bool:
         """Whether the memory cgroup killed a process since the last look (cgroup v1 and v2)."""
@@ -872,7 +1249,7 @@ class DockerSandbox:
             "2>/dev/null | grep oom_kill"
         )
         try:
-            done = self._run(["/bin/sh", "-c", script], self.spec.user)
+            done = self._run(["/bin/sh", "-c", script], ROOT)
             lines = done.stdout.decode().splitlines()
             count = max(int(line.split()[-1]) for line in lines)
         except Exception:

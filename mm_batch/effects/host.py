@@ -7,6 +7,7 @@ import os
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_batch.effects.watchdog import Watchdog, current_watchdog
-from mm_batch.run.ports import EMPTY, Captured, ExecResult
+from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
@@ -71,17 +72,22 @@ class HostExecutor:
     def __init__(self, log_limit: int = LOG_LIMIT) -> None:
         self.log_limit = log_limit
         self._protected: Path | None = None
+        self._program_copies: dict[tuple[Path, bytes], str] = {}
 
     def close(self) -> None:
         if self._protected is not None:
             shutil.rmtree(self._protected, ignore_errors=True)
             self._protected = None
 
+    def _private(self) -> Path:
+        if self._protected is None:
+            self._protected = Path(tempfile.mkdtemp(prefix="mm-batch-pristine-"))
+        return self._protected
+
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Copies in a private folder of this executor's (the host is no sandbox: a command that
         hunts for them could still change them, but nothing in the agent's folder can)."""
-        if self._protected is None:
-            self._protected = Path(tempfile.mkdtemp(prefix="mm-batch-pristine-"))
+        self._protected = self._private()
         paths: dict[Path, str] = {}
         for i, (original, content) in enumerate(files.items()):
             copy = self._protected / f"{i}-{original.name}"
@@ -90,6 +96,36 @@ class HostExecutor:
             paths[original] = str(copy)
         return paths
 
+    def _program_copy(self, program: PinnedProgram) -> str:
+        """The private copy of a program as read at start, under its own name (`$0` and
+        `__file__` keep their last part)."""
+        key = (program.path, program.content)
+        if key not in self._program_copies:
+            folder = self._private() / f"program-{len(self._program_copies)}"
+            folder.mkdir(mode=0o700)
+            copy = folder / program.path.name
+            copy.write_bytes(program.content)
+            copy.chmod(0o500)
+            self._program_copies[key] = str(copy)
+        return self._program_copies[key]
+
+    def _pinned(
+        self, argv: Sequence[str], workdir: Path, programs: Sequence[PinnedProgram]
+    ) -> list[str]:
+        """argv where each pinned program whose file no longer holds what it held at start
+        runs from its copy; one that does runs in place, so that `$0`'s folder is unchanged."""
+        pinned = list(argv)
+        for program in programs:
+            if not _holds(workdir / program.entry, program.content):
+                pinned[program.index] = self._program_copy(program)
+        return pinned
+
+    def execute_check(
+        self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None
+    ) -> ExecResult:
+        """A `check` runs as the tools do: the host has no other user to give it."""
+        return self.execute(argv, workdir, {}, timeout, cancel)
+
     def execute(
         self,
         argv: Sequence[str],
@@ -97,10 +133,14 @@ class HostExecutor:
         env: Mapping[str, str],
         timeout: float,
         cancel: threading.Event | None = None,
+        *,
+        programs: Sequence[PinnedProgram] = (),
         stdin: bytes | None = None,
     ) -> ExecResult:
         """Run argv; `stdin`, when given, is what the command reads (hooks get the call there)."""
         started = time.monotonic()
+        if programs:
+            argv = self._pinned(argv, workdir, programs)
         source: Any = subprocess.DEVNULL
         if stdin is not None:
             source = tempfile.TemporaryFile()  # noqa: SIM115 (closed below, once the child has it)
@@ -217,6 +257,24 @@ class HostExecutor:
             timed_out=timed_out,
             interrupted=interrupted,
         )
+
+
+def _holds(path: Path, content: bytes) -> bool:
+    """Whether a path names a regular file holding exactly `content` (never blocks on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != len(content):
+            return False
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read(len(content) + 1) == content
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _start_failure(program: str, workdir: Path, exc: OSError) -> str:

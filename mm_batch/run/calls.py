@@ -203,8 +203,10 @@ class CallHandler:
         )
 
     def _run_command(self, prepared: PreparedCall, timeout: float) -> _Ran:
+        # Programs of the agent's folder run as they were read at start (SPEC 3).
+        programs = self.pristine.programs(prepared.workdir, prepared.argv)
         result = self.executor.execute(
-            prepared.argv, prepared.workdir, prepared.env, timeout, self.cancel
+            prepared.argv, prepared.workdir, prepared.env, timeout, self.cancel, programs=programs
         )
         outcome: Outcome = "ran"
         reason = None

@@ -49,6 +49,17 @@ class ExecResult:
     started: bool = True
 
 
+@dataclass(frozen=True)
+class PinnedProgram:
+    """A program of a tool's argv (argv[0], or an interpreter's script) that named a file of the
+    agent's folder at start: what the executor runs is `content`, read then."""
+
+    index: int  # in the argv
+    entry: str  # as written, relative to the call's workdir
+    path: Path  # the file it named at start
+    content: bytes
+
+
 class SandboxError(Exception):
     """The sandbox cannot be used: engine down, image missing, container gone."""
 
@@ -66,11 +77,23 @@ class Executor(Protocol):
         env: Mapping[str, str],
         timeout: float,
         cancel: threading.Event | None = None,
-    ) -> ExecResult: ...
+        *,
+        programs: Sequence[PinnedProgram] = (),
+    ) -> ExecResult:
+        """Run a tool's argv; each of `programs` runs as it was read at start: in place while
+        its file still holds that, else from a copy no command of the run can change."""
+        ...
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Place pristine copies of files read at start (a `check` program) where no command of
         the run can change them; return, for each, the path that runs the copy there."""
+        ...
+
+    def execute_check(
+        self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None
+    ) -> ExecResult:
+        """Run a task's `check` where its tools ran, out of their reach (in docker: as a uid no
+        tool has, with scratch space no tool can write or fill)."""
         ...
 
     def close(self) -> None: ...
@@ -86,6 +109,7 @@ class HookRunner(Protocol):
         env: Mapping[str, str],
         timeout: float,
         cancel: threading.Event | None = None,
+        *,
         stdin: bytes | None = None,
     ) -> ExecResult: ...
 

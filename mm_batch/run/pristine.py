@@ -3,6 +3,8 @@
 Every hook argv entry and every `check` argv entry that names a file under its agent file's
 folder is read when the run starts. Hooks run on the host from private copies; a check's files
 are handed to the executor, which places copies where the sandboxed commands cannot change them.
+So is every declared tool's program (argv[0], and the script an interpreter is given:
+`python3 deploy.py`, `sh release.sh`): the executor runs what was read at start.
 
 What an entry names is decided once, at start, keyed by the entry as written: nothing is looked
 up again later, so a file swapped for a symlink (or created) during the run is never what runs.
@@ -13,13 +15,38 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm_batch.config.model import TaskSpec
+from mm_batch.run.ports import PinnedProgram
 
 MAX_PRISTINE_BYTES = 64 * 1024 * 1024  # a hook or check file larger than this is refused
+
+# Programs that run a script named by their first operand: per program, the options that take a
+# separate value (`python3 -W ignore x.py`), and those after which the code comes from the
+# command line or a module (`sh -c`, `python3 -m`): then no operand is a script.
+_SHELL = (frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}), frozenset({"-c"}))
+_INTERPRETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "python": (frozenset({"-W", "-X", "-Q"}), frozenset({"-c", "-m"})),
+    "sh": _SHELL,
+    "bash": _SHELL,
+    "dash": _SHELL,
+    "ash": _SHELL,
+    "zsh": _SHELL,
+    "ksh": _SHELL,
+    "node": (
+        frozenset({"-r", "--require", "--import", "--loader"}),
+        frozenset({"-e", "--eval", "-p", "--print"}),
+    ),
+    "perl": (frozenset({"-I", "-M", "-m"}), frozenset({"-e", "-E"})),
+    "ruby": (frozenset({"-I", "-r"}), frozenset({"-e"})),
+    "php": (frozenset({"-d", "-c"}), frozenset({"-r"})),
+    "lua": (frozenset({"-l"}), frozenset({"-e"})),
+    "Rscript": (frozenset(), frozenset({"-e"})),
+    "tclsh": (frozenset(), frozenset()),
+}
 
 
 def _names_a_path(entry: str) -> bool:
@@ -27,13 +54,13 @@ def _names_a_path(entry: str) -> bool:
     return "/" in entry
 
 
-def _under(directory: Path, entry: str) -> Path | None:
+def _under(directory: Path, entry: str, top: Path | None = None) -> Path | None:
     """The file an argv entry names now, when it is a regular file inside the agent's folder."""
     if not entry or "\x00" in entry:
         return None
     try:
         path = (directory / entry).resolve()
-        path.relative_to(directory.resolve())
+        path.relative_to((top or directory).resolve())
         if not path.is_file() or path.stat().st_size > MAX_PRISTINE_BYTES:
             return None
     except (ValueError, OSError, RuntimeError):
@@ -45,6 +72,50 @@ def _inside(directory: Path, entry: str) -> bool:
     """Whether a path entry points into the agent's folder, read as written (no link followed)."""
     written = Path(os.path.normpath(directory / entry))
     return written == directory or directory in written.parents
+
+
+def _interpreter(program: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """An interpreter's options with a value, and its code options (`python3.11` is python)."""
+    name = program.rsplit("/", 1)[-1]
+    base = name.rstrip("0123456789.")
+    return _INTERPRETERS.get(name, _INTERPRETERS.get(base))
+
+
+def _holds_code_option(entry: str, code: frozenset[str]) -> bool:
+    """Whether a cluster of short options (`-ec`, `-uc`) holds a code option."""
+    if not entry.startswith("-") or entry.startswith("--") or len(entry) < 3:
+        return False
+    return any(f"-{letter}" in code for letter in entry[1:])
+
+
+def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
+    """The indexes of an argv that name a program to run: argv[0] when it is a path, and the
+    script an interpreter is given (its first operand), unless the code comes from an option."""
+    if not argv:
+        return ()
+    found = [0] if _names_a_path(argv[0]) else []
+    options = _interpreter(argv[0])
+    if options is None:
+        return tuple(found)
+    takes_value, code = options
+    i = 1
+    while i < len(argv):
+        entry = argv[i]
+        if entry in code or entry == "-" or _holds_code_option(entry, code):
+            break
+        if entry == "--":
+            if i + 1 < len(argv):
+                found.append(i + 1)
+            break
+        if entry in takes_value:
+            i += 2
+            continue
+        if entry.startswith(("-", "+")):
+            i += 1
+            continue
+        found.append(i)
+        break
+    return tuple(found)
 
 
 class MissingAtStartError(Exception):
@@ -74,13 +145,19 @@ class Pristine:
                         pristine._copy_for_host(path)
             for entry in task.expect.check or () if task.expect is not None else ():
                 pristine._read(agent.directory, entry)
+            for tool in agent.tools:
+                for i in program_entries(tool.command):
+                    if "{{" not in tool.command[i]:  # a value the model sends is not a program
+                        pristine._read(tool.workdir, tool.command[i], agent.directory)
         return pristine
 
-    def _read(self, directory: Path, entry: str) -> Path | None:
+    def _read(self, directory: Path, entry: str, top: Path | None = None) -> Path | None:
+        """Read what `entry`, relative to `directory`, names now, when it is inside `top`
+        (the agent's folder; `directory` itself by default)."""
         key = (directory, entry)
         if key in self.named:
             return self.named[key]
-        path = _under(directory, entry)
+        path = _under(directory, entry, top)
         if path is None:
             return None
         try:
@@ -133,6 +210,16 @@ class Pristine:
             if path is not None:
                 files[i] = (path, self.contents[path])
         return files
+
+    def programs(self, workdir: Path, argv: Sequence[str]) -> tuple[PinnedProgram, ...]:
+        """The programs of a tool call's argv that named one of the agent's files at start:
+        each with the content read then, which is what the executor runs."""
+        pinned = []
+        for i in program_entries(argv):
+            path = self.named.get((workdir, argv[i]))
+            if path is not None:
+                pinned.append(PinnedProgram(i, argv[i], path, self.contents[path]))
+        return tuple(pinned)
 
     def close(self) -> None:
         if self._folder is not None:

@@ -224,7 +224,7 @@ class TaskRun:
             except SandboxError as exc:
                 raise _SandboxFailedError(f"the sandbox failed during check: {exc}") from exc
             argv = replaced(argv, {i: copies[path] for i, (path, _) in files.items()})
-        result = executor.execute(argv, agent.directory, {}, CHECK_TIMEOUT_S, self.cancel)
+        result = executor.execute_check(argv, agent.directory, CHECK_TIMEOUT_S, self.cancel)
         if result.sandbox_failed:
             raise _SandboxFailedError(f"the sandbox failed during check: {result.error}")
         if result.error is not None:

@@ -59,8 +59,11 @@ def test_no_capabilities_and_no_new_privileges(box: DockerSandbox) -> None:
         for line in sh(box, "cat /proc/self/status").stdout.data.decode().splitlines()
         if ":\t" in line
     )
-    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
         assert int(status[cap], 16) == 0, cap
+    # The bounding set keeps CAP_KILL (bit 5) alone, for the sweep's root exec: with
+    # no-new-privileges and no capability of its own, no tool process can ever gain it.
+    assert int(status["CapBnd"], 16) == 1 << 5
     assert status["NoNewPrivs"].strip() == "1"
     assert status["Uid"].split()[0] == "1000"
 
@@ -282,19 +285,22 @@ def test_protect_places_copies_the_tools_cannot_change(docker_client: Any, agent
     try:
         assert sh(box, "echo 'echo rewritten' > verify.sh").exit_code == 0
         (copy,) = box.protect({verify: verify.read_bytes()}).values()
-        assert copy.startswith("/tmp/.mm-batch-pristine-")
+        assert copy.startswith("/.mm-batch-check/copies-")
         attacks = [
             f"echo 'echo pwned' > {copy}",
             f"rm -f {copy}",
             f"mv {copy} /tmp/elsewhere",
             f"rm -rf {copy.rsplit('/', 1)[0]}",
             f"chmod 777 {copy}",
+            f"cat {copy}",  # the checks' space is not even readable by the tools
+            "dd if=/dev/zero of=/.mm-batch-check/fill bs=1M count=1",
         ]
         for attack in attacks:
             assert sh(box, attack).exit_code != 0, attack
-        ran = box.execute([copy], agent_dir, {}, 10)
+        ran = box.execute_check([copy], agent_dir, 10, None)
         assert ran.exit_code == 0 and ran.stdout.data == b"pristine\n"
-        assert sh(box, f"stat -c '%u %a' {copy}").stdout.data == b"0 755\n"
+        owner = box.execute_check(["stat", "-c", "%u %a", copy], agent_dir, 10, None)
+        assert owner.stdout.data == b"65532 755\n"
     finally:
         box.close()
 

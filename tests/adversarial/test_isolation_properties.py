@@ -1,0 +1,312 @@
+"""Per-call isolation in the Docker sandbox, attacked by class (SPEC 3, "Calls are isolated").
+
+Each class is a hostile call and what it leaves behind, followed by the calls and the check that
+must not feel it: call x leftover behaviour (kill the sweeper, fork, read the next call's
+environment, trace the check), call x what it plants (dotfiles, `.pth` files, /tmp, a full /tmp),
+and program x how the kernel refuses it. Marker files say what really happened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mm_batch.config.model import SandboxSpec
+from mm_batch.effects import docker as docker_effects
+from mm_batch.effects.docker import DockerSandbox
+from mm_batch.effects.host import HostExecutor
+from mm_batch.run.ports import ExecResult, Executor, PinnedProgram
+from tests.docker_support import BASE_IMAGE, TEST_IMAGE, require_image
+
+pytestmark = pytest.mark.docker
+
+SECRET = "n3xt-calls-s3cret-value"
+
+
+def _box(client: Any, folder: Path, name: str, image: str = TEST_IMAGE) -> DockerSandbox:
+    folder.chmod(0o777)
+    spec = SandboxSpec(kind="docker", image=image, pids=128, memory="256m", workspace="mount")
+    return DockerSandbox(client, spec, folder, f"isolation-{name}")
+
+
+@pytest.fixture
+def box(docker_client: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    sandbox = _box(docker_client, tmp_path, request.node.name[:40])
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.fixture
+def base_box(docker_client: Any, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    require_image(docker_client, BASE_IMAGE)
+    sandbox = _box(docker_client, tmp_path, request.node.name[:40], BASE_IMAGE)
+    yield sandbox
+    sandbox.close()
+
+
+def sh(box: Executor, folder: Path, script: str, env: dict[str, str] | None = None) -> ExecResult:
+    return box.execute(["sh", "-c", script], folder, env or {}, 30)
+
+
+# -- call x leftover behaviour --------------------------------------------------------------
+
+# Each leftover steals what it can read of other processes' environments into `stolen` (in the
+# workspace, which calls share as data) and misbehaves in its own way.
+_STEAL = "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep MM_SECRET >> stolen"
+LEFTOVERS = {
+    # The old sweep was `kill -9 -1` as the tools' uid: this kills it (and everyone) first.
+    "kills-the-sweeper": f"while :; do {_STEAL}; kill -9 -1; done",
+    "ignores-signals": f"trap '' TERM INT HUP QUIT USR1; while :; do {_STEAL}; done",
+    "forks-without-end": f"while :; do ( {_STEAL}; sleep 5 ) & sleep 0.01; done",
+    "leaves-its-session": f"setsid sh -c 'while :; do {_STEAL}; done'",
+    "stops-itself-and-waits": f"sh -c 'kill -STOP $$; while :; do {_STEAL}; done'",
+}
+
+
+@pytest.mark.parametrize("behaviour", sorted(LEFTOVERS))
+def test_no_leftover_of_a_call_sees_the_next_call(
+    box: DockerSandbox, tmp_path: Path, behaviour: str
+) -> None:
+    script = f"({LEFTOVERS[behaviour]}) >/dev/null 2>&1 </dev/null & echo left"
+    assert sh(box, tmp_path, script).stdout.data == b"left\n"
+    time.sleep(0.3)  # the leftover is well under way before the next call
+    victim = sh(box, tmp_path, "sleep 1; echo done", {"MM_SECRET": SECRET})
+    assert victim.exit_code == 0 and victim.stdout.data == b"done\n"
+    seen = sh(box, tmp_path, "ps -o user,args | grep -v ' ps ' ; cat stolen 2>/dev/null; true")
+    listed = seen.stdout.data.decode()
+    assert SECRET not in listed
+    assert SECRET not in (
+        (tmp_path / "stolen").read_text() if (tmp_path / "stolen").exists() else ""
+    )
+    # Nothing of the tools' uid is left but the listing call itself.
+    tool_lines = [line for line in listed.splitlines() if line.startswith("sandbox")]
+    assert all("ps -o" in line or "grep" in line or "sh -c" in line for line in tool_lines), listed
+
+
+def test_a_fork_bomb_left_running_is_swept_and_confirmed(
+    box: DockerSandbox, tmp_path: Path
+) -> None:
+    bomb = "(b() { b | b & }; b) >/dev/null 2>&1 </dev/null & echo lit"
+    assert sh(box, tmp_path, bomb).stdout.data == b"lit\n"
+    after = sh(box, tmp_path, "echo calm", {"MM_SECRET": SECRET})
+    assert after.exit_code == 0 and after.stdout.data == b"calm\n", after
+
+
+def test_a_sweep_that_finds_processes_left_makes_the_call_a_sandbox_failure(
+    box: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sh(box, tmp_path, "true").exit_code == 0
+    # What the sweep says when a process of the uid outlived every pass.
+    monkeypatch.setattr(docker_effects, "_SWEEP", "echo 'left 4242'; exit 3")
+    assert sh(box, tmp_path, "true").exit_code == 0  # this call's sweep now fails
+    result = sh(box, tmp_path, "touch ran-after")
+    assert result.sandbox_failed and not result.started
+    assert "still alive after the sweep (left 4242)" in (result.error or "")
+    assert not (tmp_path / "ran-after").exists()
+
+
+# -- no tool can signal or trace what is not its own -----------------------------------------
+
+_TRACE = """
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in map(int, sys.argv[1:]):
+    attach = libc.ptrace(16, pid, None, None)  # PTRACE_ATTACH
+    traced = "attached" if attach == 0 else os.strerror(ctypes.get_errno())
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        signalled = "signalled"
+    except OSError as exc:
+        signalled = exc.strerror
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.read(1)
+        read = "read"
+    except OSError as exc:
+        read = exc.strerror
+    print(pid, traced, signalled, read)
+"""
+
+
+def test_a_tool_can_neither_trace_nor_signal_a_check_or_root(
+    base_box: DockerSandbox, tmp_path: Path
+) -> None:
+    base_box.start()
+    client, container = base_box.client, base_box.container_id
+    # A check's process and root's (the sweep's kind), running while a tool attacks them.
+    for user in ("65532:65532", "0:0"):
+        exec_id = client.api.exec_create(container, ["sleep", "60"], user=user)["Id"]
+        client.api.exec_start(exec_id, detach=True)
+    time.sleep(0.5)
+    listing = base_box._run(
+        [
+            "sh",
+            "-c",
+            "for d in /proc/[0-9]*; do echo ${d#/proc/} $(tr '\\0' ' ' <$d/cmdline); done",
+        ],
+        "0:0",
+    ).stdout.decode()
+    sleepers = [line.split()[0] for line in listing.splitlines() if line.endswith("sleep 60")]
+    assert len(sleepers) == 2, listing
+    result = base_box.execute(["python3", "-c", _TRACE, *sleepers], tmp_path, {}, 30)
+    assert result.exit_code == 0, result
+    lines = result.stdout.data.decode().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert line.split(" ", 1)[1] == " ".join(["Operation not permitted"] * 2) + (
+            " Permission denied"
+        ), line
+
+
+# -- call x what it plants ---------------------------------------------------------------------
+
+_PLANT = """
+import os, site, sys
+marker = "/workspace/planted-code-ran"
+line = f"import os; open({marker!r} + '-' + str(os.getuid()), 'w').close()\\n"
+os.makedirs(site.getusersitepackages(), exist_ok=True)
+with open(os.path.join(site.getusersitepackages(), "evil.pth"), "w") as f:
+    f.write(line)
+for folder in ("/tmp", os.environ["HOME"], os.environ.get("TMPDIR", "/tmp"), "/dev/shm"):
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(line.replace("import os; ", "import os\\n"))
+for name in (".profile", ".bashrc", ".pythonrc"):
+    with open(os.path.join(os.environ["HOME"], name), "w") as f:
+        f.write("touch /workspace/planted-code-ran-rc\\n")
+print(os.environ["HOME"])
+"""
+
+
+def test_nothing_a_call_plants_outside_the_workspace_runs_later(
+    base_box: DockerSandbox, tmp_path: Path
+) -> None:
+    first = base_box.execute(["python3", "-c", _PLANT], tmp_path, {}, 30)
+    assert first.exit_code == 0, first
+    home = first.stdout.data.decode().strip()
+    later = base_box.execute(
+        ["sh", "-c", 'python3 -c pass; bash -lic true; echo "$HOME"; ls -A "$HOME" /tmp /dev/shm'],
+        tmp_path,
+        {},
+        30,
+    )
+    assert later.exit_code == 0, later
+    lines = later.stdout.data.decode().splitlines()
+    assert lines[0] != home  # a fresh HOME...
+    assert home.rsplit("/", 1)[1] not in later.stdout.data.decode()  # ...and the old one gone
+    check = base_box.execute_check(["python3", "-c", "pass"], tmp_path, 30, None)
+    assert check.exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("planted")) == []
+
+
+def test_a_tool_filling_tmp_cannot_turn_a_failing_check_into_an_error(
+    box: DockerSandbox, tmp_path: Path
+) -> None:
+    verify = tmp_path / "verify.sh"
+    verify.write_text('#!/bin/sh\necho "checked as $(id -u)"; exit 1\n')
+    verify.chmod(0o755)
+    fill = "dd if=/dev/zero of=/tmp/fill bs=1M 2>/dev/null; dd if=/dev/zero of=/dev/shm/f bs=1M"
+    sh(box, tmp_path, fill + " 2>/dev/null; df -k /tmp | tail -1")
+    (copy,) = box.protect({verify: verify.read_bytes()}).values()
+    check = box.execute_check([copy], tmp_path, 30, None)
+    assert check.error is None and not check.sandbox_failed, check
+    assert check.exit_code == 1
+    assert check.stdout.data == b"checked as 65532\n"  # a uid no tool has
+    # And the next call has its /tmp back.
+    assert sh(box, tmp_path, "echo ok > /tmp/x && cat /tmp/x").stdout.data == b"ok\n"
+
+
+# -- program files rewritten by an earlier call -------------------------------------------------
+
+
+def _pinned(folder: Path, entry: str, index: int, content: bytes) -> PinnedProgram:
+    path = folder / entry
+    path.write_bytes(content)
+    path.chmod(0o755)
+    return PinnedProgram(index, entry, path.resolve(), content)
+
+
+FORMS = {
+    "argv0": (["./deploy.sh", "a"], "deploy.sh", 0),
+    "sh-script": (["sh", "deploy.sh", "a"], "deploy.sh", 1),
+    "sh-option-script": (["sh", "-e", "deploy.sh", "a"], "deploy.sh", 2),
+}
+
+
+@pytest.fixture(params=["host", "docker"])
+def executor(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Executor]:
+    if request.param == "host":
+        host = HostExecutor()
+        yield host
+        host.close()
+        return
+    client = request.getfixturevalue("docker_client")
+    sandbox = _box(client, tmp_path, f"programs-{request.node.name[-30:]}")
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_program_rewritten_by_an_earlier_call_runs_as_read_at_start(
+    executor: Executor, tmp_path: Path, form: str
+) -> None:
+    argv, entry, index = FORMS[form]
+    # Run from its copy, `$0`'s folder is the copy's (where it cannot write): hence `|| :`.
+    log = b'{ echo logged >> "$(dirname "$0")/log"; } 2>/dev/null || :\n'
+    content = b'#!/bin/sh\necho "pristine $1"\n' + log
+    program = _pinned(tmp_path, entry, index, content)
+    clean = executor.execute(argv, tmp_path, {}, 30, programs=(program,))
+    assert clean.stdout.data == b"pristine a\n", clean
+    assert (tmp_path / "log").read_text() == "logged\n"  # unchanged: it ran in place
+    rewrite = f"rm -f {entry}; printf '#!/bin/sh\\necho pwned; touch pwned-{form}\\n' > {entry}"
+    assert sh(executor, tmp_path, rewrite).exit_code == 0
+    later = executor.execute(argv, tmp_path, {"MM_SECRET": SECRET}, 30, programs=(program,))
+    assert later.exit_code == 0, later
+    assert later.stdout.data == b"pristine a\n"
+    assert not (tmp_path / f"pwned-{form}").exists()
+
+
+# -- program x how the kernel refuses it ------------------------------------------------------
+
+REFUSED = {
+    "missing-interpreter": b"#!/nonexistent/interp\necho ran > ran-marker\n",
+    "crlf-shebang": b"#!/bin/sh\r\necho ran > ran-marker\r\n",
+    "empty": b"",
+    "garbage": bytes(range(1, 200)),
+    "text-without-shebang": b"echo ran > ran-marker\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REFUSED))
+def test_a_program_the_kernel_refuses_is_an_error_never_started_on_host_and_docker(
+    executor: Executor, tmp_path: Path, kind: str
+) -> None:
+    program = _pinned(tmp_path, "tool.sh", 0, REFUSED[kind])
+    result = executor.execute(["./tool.sh"], tmp_path, {}, 30, programs=(program,))
+    assert result.error is not None and not result.started, result
+    assert result.exit_code is None and not result.sandbox_failed
+    assert not (tmp_path / "ran-marker").exists()
+
+
+LIARS = {
+    "format": "exec ./tool.sh: exec format error",
+    "not-found": "exec ./tool.sh: no such file or directory",
+    "oci": "OCI runtime exec failed: exec failed: no such file or directory",
+}
+
+
+@pytest.mark.parametrize("words", sorted(LIARS))
+def test_a_program_printing_the_runtimes_words_still_counts_as_started(
+    executor: Executor, tmp_path: Path, words: str
+) -> None:
+    content = f"#!/bin/sh\ntouch ran-marker\necho '{LIARS[words]}' >&2\nexit 1\n".encode()
+    program = _pinned(tmp_path, "tool.sh", 0, content)
+    result = executor.execute(["./tool.sh"], tmp_path, {}, 30, programs=(program,))
+    assert (tmp_path / "ran-marker").exists()
+    assert result.started, result
+    # Unpinned (made during the run), it is still started: the words are anyone's to print.
+    unpinned = executor.execute(["./tool.sh"], tmp_path, {}, 30)
+    assert unpinned.started, unpinned

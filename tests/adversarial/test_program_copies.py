@@ -1,0 +1,132 @@
+"""Tool programs run as they were read at start (SPEC 3, "Within a run"), proven through the
+whole loop: the agent file, Pristine, the call site and the host executor.
+
+A tool rewriting `./deploy.sh` (or the script an interpreter is given) must change nothing that
+a later call runs; a program the kernel refuses is an error that never started; and which argv
+entry is a program is a property over generated interpreter command lines.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mm_batch.run.pristine import program_entries
+from tests.run.scripted import answer, calls, run_tasks
+
+
+def _agent(folder: Path, command: list[str], program: str, content: str) -> Path:
+    (folder / program).write_text(content)
+    (folder / program).chmod(0o755)
+    rewrite = f"printf '#!/bin/sh\\necho pwned; touch pwned\\n' > {program}; chmod 755 {program}"
+    agent = folder / "agent.yaml"
+    agent.write_text(
+        "yolo: true\ntools:\n"
+        f"  - name: deploy\n    description: Deploy.\n    command: {[*command, '{{n}}']!r}\n"
+        "    parameters: {n: {type: integer}}\n"
+        "    env: {DEPLOY_TOKEN: tok3n-of-the-deploy}\n"
+        f"  - name: rewrite\n    description: Rewrite.\n    command: ['sh', '-c', {rewrite!r}]\n"
+    )
+    tasks = folder / "tasks.yaml"
+    tasks.write_text("agent: agent.yaml\ntasks:\n  - {id: t, prompt: go}\n")
+    return tasks
+
+
+FORMS = {
+    "./deploy.sh": (["./deploy.sh"], "deploy.sh", "#!/bin/sh\necho pristine\n"),
+    "sh deploy.sh": (["sh", "deploy.sh"], "deploy.sh", "echo pristine\n"),
+    "bash -e x.sh": (["bash", "-e", "x.sh"], "x.sh", "echo pristine\n"),
+    "python3 deploy.py": (["python3", "deploy.py"], "deploy.py", "print('pristine')\n"),
+}
+
+
+def test_a_program_rewritten_by_an_earlier_call_runs_as_read_at_start(tmp_path: Path) -> None:
+    for name, (command, program, content) in FORMS.items():
+        folder = tmp_path / name.replace(" ", "_").replace("/", "")
+        folder.mkdir()
+        tasks = _agent(folder, command, program, content)
+        steps = [
+            calls(("deploy", '{"n": 1}')),
+            calls(("rewrite", "{}")),
+            calls(("deploy", '{"n": 2}')),
+        ]
+        out = run_tasks(tasks, [*steps, answer("done")])
+        records = out.records.of("tool")
+        assert [r["outcome"] for r in records] == ["ran"] * 3, (name, records)
+        assert records[0]["stdout"] == records[2]["stdout"] == "pristine\n", name
+        assert records[2]["argv"] == [*command, "2"]  # the record shows the call as declared
+        assert not (folder / "pwned").exists(), name
+        assert (folder / program).read_text().startswith("#!/bin/sh\necho pwned")  # data stays
+
+
+REFUSED = {
+    "missing interpreter": "#!/nonexistent/interp\ntouch ran\n",
+    "crlf shebang": "#!/bin/sh\r\ntouch ran\r\n",
+    "empty file": "",
+}
+
+
+def test_a_program_the_kernel_refuses_is_an_error_never_started(tmp_path: Path) -> None:
+    for name, content in REFUSED.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        tasks = _agent(folder, ["./deploy.sh"], "deploy.sh", content)
+        out = run_tasks(tasks, [calls(("deploy", '{"n": 1}')), answer("done")])
+        (record,) = out.records.of("tool")
+        assert record["outcome"] == "error" and record["started"] is False, (name, record)
+        assert not (folder / "ran").exists()
+
+
+# -- which entry is a program: a property ------------------------------------------------------
+
+INTERPRETERS = ["sh", "bash", "dash", "/bin/sh", "python3", "python3.11", "/usr/bin/python3"]
+FLAGS = {"sh": ["-e", "-x", "-eu"], "python": ["-u", "-B", "-I", "-O"]}
+VALUED = {"sh": [["-o", "pipefail"]], "python": [["-W", "ignore"], ["-X", "dev"]]}
+CODE = {"sh": [["-c", "echo"], ["-ec", "echo"]], "python": [["-c", "pass"], ["-m", "pip"]]}
+names = st.from_regex(r"[a-z][a-z0-9_]{0,8}\.(sh|py)", fullmatch=True)
+
+
+def _family(program: str) -> str:
+    return "python" if "python" in program else "sh"
+
+
+@st.composite
+def interpreter_lines(draw: st.DrawFn) -> tuple[list[str], int | None]:
+    """(argv, index of its script or None): options, valued options, then a script or code."""
+    program = draw(st.sampled_from(INTERPRETERS))
+    family = _family(program)
+    argv = [program]
+    for _ in range(draw(st.integers(0, 3))):
+        if draw(st.booleans()):
+            argv.append(draw(st.sampled_from(FLAGS[family])))
+        else:
+            argv.extend(draw(st.sampled_from(VALUED[family])))
+    if draw(st.booleans()):
+        argv.extend(draw(st.sampled_from(CODE[family])))
+        script = None
+    else:
+        script = len(argv)
+        argv.append(draw(names))
+    argv.extend(draw(st.lists(st.sampled_from(["a", "-v", "--x=1", "b.sh"]), max_size=3)))
+    return argv, script
+
+
+@settings(max_examples=300, deadline=None)
+@given(interpreter_lines())
+def test_the_script_an_interpreter_is_given_is_found_and_nothing_else(
+    line: tuple[list[str], int | None],
+) -> None:
+    argv, script = line
+    found = program_entries(argv)
+    expected = ([0] if "/" in argv[0] else []) + ([script] if script is not None else [])
+    assert list(found) == expected, shlex.join(argv)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=6))
+def test_a_program_entry_is_never_an_option(argv: list[str]) -> None:
+    for i in program_entries(argv):
+        assert i == 0 or not argv[i].startswith(("-", "+")) or argv[i - 1] == "--"
