@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from mm_batch.config.load import load_tasks
-from mm_batch.config.model import CallExpectation, TaskSpec, ToolSpec, Value
+from mm_batch.config.model import AnyOf, CallExpectation, TaskSpec, ToolSpec, Value
 from mm_batch.testing.fake_openai import FakeOpenAI, Reply, Script, by_prompt, text, tool_call
 from tests.conftest import ROOT, CliResult, model_args, read_calls
 
@@ -177,7 +177,9 @@ def wrong_value(task: TaskSpec) -> list[Reply]:
     name = list(args)[-1]
     param = tool_of(task).param(name)
     assert param is not None
-    args[name] = _near_value(args[name], param.enum)
+    value = args[name]
+    assert not isinstance(value, AnyOf)  # the held-out set expects one value each
+    args[name] = _near_value(value, param.enum)
     return [tool_call(expected_call(task).tool, args), text("Done.")]
 
 

@@ -403,8 +403,31 @@ def _command(ctx: _Agent, at: At, earlier: Fields) -> tuple[str, ...] | None:
             reader.problem(item, f"unbalanced placeholder braces in '{excerpt(entry)}'")
         if i == 0 and not entry:
             reader.problem(item, "the program must not be empty")
+        if argv:
+            _after_an_option(reader, item, argv[-1], entry, earlier[PARAMETERS] or ())
         argv.append(entry)
     return tuple(argv) if len(argv) == len(items) else None
+
+
+def _after_an_option(
+    reader: Reader, at: At, before: str, entry: str, params: tuple[ParamSpec, ...]
+) -> None:
+    """An entry left out when its optional parameter is not given cannot follow an option
+    that takes a value (an entry that begins with '-' and holds no '='): `["--out", "{{out}}",
+    "{{input}}"]` without out would run `--out data.txt` (SPEC §2). `--` and `-` take none."""
+    if not before.startswith("-") or "=" in before or before in ("-", "--"):
+        return
+    droppable = {p.name for p in params if not p.required and p.default is None}
+    name = next((r.strip() for r in PLACEHOLDER_RE.findall(entry) if r.strip() in droppable), None)
+    if name is None:
+        return
+    fix = f"{before}={entry}" if before.startswith("--") else f"{before}{entry}"
+    reader.problem(
+        at,
+        f"'{excerpt(entry)}' is left out when {name} is not given (optional, no default), and "
+        f"'{excerpt(before)}' before it would then take the next entry as its value: write "
+        f"'{excerpt(fix)}' as one entry, or give {name} a default",
+    )
 
 
 def _workdir(ctx: _Agent, at: At, _: Fields) -> Path | None:
@@ -460,6 +483,7 @@ COMMAND: Key[_Agent, tuple[str, ...]] = Key("command", _command, required=True)
 TIMEOUT = scalar("timeout", lambda r, at: r.number(at, positive=True, maximum=WEEK_S))
 WORKDIR: Key[_Agent, Path] = Key("workdir", _workdir)
 ENV: Key[_Agent, dict[str, str]] = Key("env", _env)
+REPEATABLE = scalar("repeatable", Reader.boolean)
 TOOL: tuple[Key[_Agent, Any], ...] = (
     TOOL_NAME,
     TOOL_DESCRIPTION,
@@ -468,6 +492,7 @@ TOOL: tuple[Key[_Agent, Any], ...] = (
     TIMEOUT,
     WORKDIR,
     ENV,
+    REPEATABLE,
 )
 
 
@@ -501,6 +526,7 @@ def _tools(ctx: _Agent, at: At, _: Fields) -> tuple[ToolSpec, ...] | None:
                 workdir=fields[WORKDIR] or ctx.directory,
                 timeout=fields[TIMEOUT],
                 env=env or {},
+                repeatable=fields[REPEATABLE] is True,
             )
         )
     return tuple(tools)

@@ -70,6 +70,9 @@ class ToolSpec:
     workdir: Path
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    # true: the same call right after it ran with exit 0 runs again (polling); false: answered
+    # with the earlier result, never run twice (a second release is a hazard)
+    repeatable: bool = False
 
     def param(self, name: str) -> ParamSpec | None:
         return next((p for p in self.params if p.name == name), None)
@@ -159,10 +162,23 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class AnyOf:
+    """A list in place of an expected value: any one of these values matches."""
+
+    values: tuple[Value, ...]
+
+
+ExpectedValue = Value | AnyOf
+
+
+@dataclass(frozen=True)
 class CallExpectation:
     tool: str
-    args: Mapping[str, Value] | None = None
+    args: Mapping[str, ExpectedValue] | None = None
     times: int | None = None
+    # The declared number parameters among args: their 2 and 2.0 are one number. Everywhere
+    # else values compare type-exactly (a boolean is never a number, an integer never a float).
+    numbers: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

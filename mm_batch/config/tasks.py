@@ -15,9 +15,12 @@ from mm_batch.config.fields import Fields, Key, one_of, read_fields, scalar, sch
 from mm_batch.config.model import (
     CACHE_MODES,
     AgentConfig,
+    AnyOf,
     CacheMode,
     CallExpectation,
     Expect,
+    ExpectedValue,
+    ParamSpec,
     TasksFile,
     TaskSpec,
     ToolSpec,
@@ -95,34 +98,62 @@ class _Expect:
 # -- expect -----------------------------------------------------------------------------------
 
 
-def _expected_args(ctx: _Expect, at: At, call: Fields) -> dict[str, Value] | None:
+def _expected_one(reader: Reader, at: At, param: ParamSpec | None, whole: bool) -> Value | None:
+    """One value a parameter may hold: of the declared parameter's type, in its enum; for a tool
+    whose parameters are known only once it runs (a built-in, an MCP tool), any JSON value but
+    null, an object only as the whole expectation (compared type-exactly at judge time)."""
+    if param is not None:
+        typed = typed_value(reader, at, param.type)
+        if typed is not None and param.enum is not None and typed not in param.enum:
+            allowed = ", ".join(str(v) for v in param.enum)
+            reader.problem(at, f"{typed!r} can never match: '{param.name}' is one of {allowed}")
+            return None
+        return typed
+    node = at.node
+    if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+        reader.problem(at, "null can never match: leave the parameter out to leave it unchecked")
+        return None
+    if not whole and not isinstance(node, yaml.ScalarNode):
+        reader.problem(at, "each value of a list of values is a string, a number or a boolean")
+        return None
+    value = reader.plain_data(at)
+    return value if isinstance(value, str | int | float | bool | dict) else None
+
+
+def _expected_value(reader: Reader, at: At, param: ParamSpec | None) -> ExpectedValue | None:
+    """A parameter's expected value, or a list of them: any one of these (SPEC §1)."""
+    node = at.node
+    if not isinstance(node, yaml.SequenceNode):
+        return _expected_one(reader, at, param, whole=True)
+    if not node.value:
+        reader.problem(at, "an empty list of values can never match: give one or several")
+        return None
+    items = [
+        _expected_one(reader, At(item, at.index(i)), param, whole=False)
+        for i, item in enumerate(node.value)
+    ]
+    values = [v for v in items if v is not None]
+    return AnyOf(tuple(values)) if len(values) == len(items) else None
+
+
+def _expected_args(ctx: _Expect, at: At, call: Fields) -> dict[str, ExpectedValue] | None:
     reader = ctx.reader
     name = call[CALL_TOOL]
     tool = ctx.tools.get(name) if name is not None else None
-    args: dict[str, Value] = {}
+    args: dict[str, ExpectedValue] = {}
     for pname, pat in reader.free_mapping(at) or []:
-        if tool is None:
-            value = reader.plain_data(pat)
-            if isinstance(value, str | int | float | bool):
-                args[pname] = value
-            continue
-        param = tool.param(pname)
-        if param is None:
+        param = tool.param(pname) if tool is not None else None
+        if tool is not None and param is None:
             reader.problem(pat, f"tool '{tool.name}' has no parameter '{excerpt(pname)}'")
             continue
-        typed = typed_value(reader, pat, param.type)
-        if typed is None:
-            continue
-        if param.enum is not None and typed not in param.enum:
-            allowed = ", ".join(str(v) for v in param.enum)
-            reader.problem(pat, f"{typed!r} can never match: '{pname}' is one of {allowed}")
-            continue
-        args[pname] = typed
+        value = _expected_value(reader, pat, param)
+        if value is not None:
+            args[pname] = value
     return args
 
 
 CALL_TOOL: Key[_Expect, str] = Key("tool", lambda ctx, at, _: ctx.tool_name(at), required=True)
-CALL_ARGS: Key[_Expect, dict[str, Value]] = Key("args", _expected_args)
+CALL_ARGS: Key[_Expect, dict[str, ExpectedValue]] = Key("args", _expected_args)
 CALL_TIMES = scalar("times", lambda r, at: r.integer(at, minimum=0))
 CALL: tuple[Key[_Expect, Any], ...] = (CALL_TOOL, CALL_ARGS, CALL_TIMES)
 
@@ -134,7 +165,10 @@ def _calls(ctx: _Expect, at: At, _: Fields) -> tuple[CallExpectation, ...] | Non
         name = fields[CALL_TOOL] if fields is not None else None
         if fields is None or name is None:
             continue
-        calls.append(CallExpectation(name, fields[CALL_ARGS], fields[CALL_TIMES]))
+        tool, args = ctx.tools.get(name), fields[CALL_ARGS] or {}
+        params = tool.params if tool is not None else ()
+        numbers = frozenset(p.name for p in params if p.type == "number" and p.name in args)
+        calls.append(CallExpectation(name, fields[CALL_ARGS], fields[CALL_TIMES], numbers))
     return tuple(calls)
 
 

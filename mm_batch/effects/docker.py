@@ -89,14 +89,15 @@ while :; do
   kill -9 $left 2>/dev/null
 done
 """
-# Run as the tools' uid once the sweep found none of their processes: empty /tmp and /dev/shm
-# (what a call left there: dotfiles, .pth files, caches), make the next call's HOME and TMPDIR
+# Run as the tools' uid once the sweep found none of their processes: empty /tmp, /dev/shm and
+# /dev/mqueue, the places outside the workspace a tool can write (what a call left there:
+# dotfiles, .pth files, caches, queues), make the next call's HOME and TMPDIR
 # ($1), then say which program copies ($2 $3, ... pairs of copy and original) the originals
 # still equal. Prints `ready` at the end; `kept NAME` for what could not be removed.
 _RESET = r"""
 h=$1; shift
 cd / || exit 4
-for d in /tmp /dev/shm; do
+for d in /tmp /dev/shm /dev/mqueue; do
   for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
     [ -e "$f" ] || [ -L "$f" ] || continue
     [ -d "$f" ] && [ ! -L "$f" ] && chmod -R u+rwx "$f" 2>/dev/null

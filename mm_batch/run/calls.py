@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import decimal
 import json
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
-from mm_batch.config.model import AgentConfig, McpServerSpec
+from mm_batch.config.model import AgentConfig, McpServerSpec, Value
 from mm_batch.config.secrets import Masker, head
 from mm_batch.plan import RunSpec
 from mm_batch.run.output import captured_text, decode, model_result
@@ -28,6 +31,25 @@ from mm_batch.tools.declared import InvalidCall
 
 HOOK_TIMEOUT_S = 30.0
 HOOK_OUTPUT_KEPT = 4096
+
+
+_EXACT = decimal.Context(prec=64)  # exact for every coerced number (30 digits, 17 for doubles)
+
+
+def _key_value(value: Value) -> tuple[str, str]:
+    """A coerced value as a call key holds it: a number by the number it is (2 and 2.0, 0 and
+    -0.0 are one number), anything else as canonical JSON (so a boolean is never a number)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+        return "number", "0" if number == 0 else str(number.normalize(_EXACT))
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "json", text
+
+
+def call_key(tool: str, arguments: Mapping[str, Value]) -> str:
+    """Canonical text of a tool and its coerced arguments: equal for calls with equal values."""
+    values = {name: _key_value(value) for name, value in arguments.items()}
+    return json.dumps([tool, values], sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _kept(text: str, masker: Masker) -> str:
@@ -188,6 +210,20 @@ class CallHandler:
             failure = f"the sandbox failed: {result.error}"
         hit = bool(result and result.timed_out and time.monotonic() >= deadline - 0.01)
         return CallResult(ran.answer, record, deadline_hit=hit, sandbox_failure=failure)
+
+    def same_call_key(self, call: ToolCallRequest) -> str | None:
+        """What makes two calls the same call for the rules that answer a call without running
+        it (SPEC §2): the tool and its coerced arguments, so that `{"n": 1}` and `{"n": "1"}`
+        are one call. None when the call is not valid: it cannot be a call that ran."""
+        prepared = self.toolbox.prepare(call.name, call.raw_arguments, masker=self.masker)
+        if not isinstance(prepared, PreparedCall):
+            return None
+        return call_key(prepared.tool, prepared.arguments)
+
+    def repeatable(self, name: str) -> bool:
+        """Whether the same call right after it ran runs again (`repeatable: true`: polling)."""
+        tool = self.agent.tool(name)
+        return tool is not None and tool.repeatable
 
     def _consent(self, prepared: PreparedCall) -> Decision:
         if prepared.kind == "skill":

@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mm_batch.config.model import CallExpectation, Expect, Value
+from mm_batch.config.model import AnyOf, CallExpectation, Expect, ExpectedValue
 from mm_batch.run.records import Check, Status, ToolRecord
+from mm_batch.tools.declared import same_value
 
 
 @dataclass(frozen=True)
@@ -23,14 +24,25 @@ class CheckRun:
     output: str
 
 
-def _args_match(expected: Mapping[str, Value], actual: Mapping[str, Any]) -> bool:
-    for key, want in expected.items():
+def _args_match(want: CallExpectation, actual: Mapping[str, Any]) -> bool:
+    """Whether a call's coerced arguments hold the expected values, compared type-exactly (in
+    Python `True == 1 == 1.0`, also inside an MCP tool's objects); a list: any one of these."""
+    for key, expected in (want.args or {}).items():
         if key not in actual:
             return False
-        got = actual[key]
-        if isinstance(want, bool) != isinstance(got, bool) or got != want:
+        choices = expected.values if isinstance(expected, AnyOf) else (expected,)
+        numeric = key in want.numbers
+        if not any(same_value(actual[key], choice, numeric) for choice in choices):
             return False
     return True
+
+
+def _shown_args(args: Mapping[str, ExpectedValue]) -> str:
+    """The expected arguments as JSON, a list of values as the list the file gave."""
+    return json.dumps(
+        {k: list(v.values) if isinstance(v, AnyOf) else v for k, v in args.items()},
+        ensure_ascii=False,
+    )
 
 
 def _show_call(record: ToolRecord) -> str:
@@ -43,10 +55,10 @@ def _expected_call(index: int, want: CallExpectation, records: Sequence[ToolReco
     matching = [
         r
         for r in records
-        if r.started and r.tool == want.tool and _args_match(want.args or {}, r.arguments or {})
+        if r.started and r.tool == want.tool and _args_match(want, r.arguments or {})
     ]
     ran = [r for r in matching if r.outcome == "ran"]
-    args = json.dumps(dict(want.args or {}), ensure_ascii=False)
+    args = _shown_args(want.args or {})
     wanted = f"{want.tool} {args}" + (f" {want.times} time(s)" if want.times is not None else "")
     if want.times is None:
         ok = bool(ran)

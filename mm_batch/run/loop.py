@@ -53,9 +53,10 @@ def canonical_arguments(raw: str | None) -> str:
 
 @dataclass(frozen=True)
 class _Done:
-    """The last call that ran to the end with exit code 0: its key, record and answer."""
+    """The last call that ran to the end with exit code 0: its tool and coerced arguments
+    (`CallHandler.same_call_key`), record and answer."""
 
-    key: tuple[str, str]
+    key: str
     record: ToolRecord
     answer: str
 
@@ -111,7 +112,7 @@ class AgentLoop:
         # and the output of each call that started; never mm-batch's own answers, which quote
         # what the model sent.
         told = [str(m["content"]) for m in messages]
-        answered_invalid: set[tuple[str, str]] = set()  # read by the model: it may insist
+        answered_invalid: set[str] = set()  # same-call keys, read by the model: it may insist
         for _turn in range(task.max_turns):
             if self.cancel.is_set():
                 return LoopEnd(error=INTERRUPTED)
@@ -138,7 +139,7 @@ class AgentLoop:
                         "(finish_reason: length)",
                     )
                 return LoopEnd(answer=reply.text or "")
-            invalid_now: set[tuple[str, str]] = set()  # read by the model from its next turn
+            invalid_now: set[str] = set()  # read by the model from its next turn
             for call in reply.tool_calls:
                 key = (call.name, canonical_arguments(call.raw_arguments))
                 in_a_row = in_a_row + 1 if key == last_key else 1
@@ -150,7 +151,10 @@ class AgentLoop:
                     )
                     self.emit(self._loop_record(call, reason))
                     return LoopEnd(failure=reason)
-                if done is not None and done.key == key:
+                # Both rules below compare coerced arguments: {"n": 1} and {"n": "1"} are one
+                # call (None: the call is invalid, and no earlier call can be the same).
+                same = self.calls.same_call_key(call)
+                if same is not None and done is not None and done.key == same:
                     # The same call again right after it succeeded: a second release is a
                     # hazard, so it is not run; the model gets the result it already had.
                     self.emit(self._repeat_record(call, done.record))
@@ -158,18 +162,20 @@ class AgentLoop:
                     continue
                 # A call sent again after it was answered invalid is not held to the examples
                 # again: the model insists that the value is meant, and one turn was the price.
-                said = None if key in answered_invalid else "\n".join(told)
+                said = None if same in answered_invalid else "\n".join(told)
                 result = self.calls.handle(call, deadline, said)
                 self.emit(result.record)
                 if result.sandbox_failure is not None:
                     return LoopEnd(error=result.sandbox_failure)
                 record = result.record
-                if record.outcome == "invalid":
-                    invalid_now.add(key)
+                if record.outcome == "invalid" and same is not None:
+                    invalid_now.add(same)
                 elif record.started or record.outcome == "ran":
                     told.append(result.answer)
                 succeeded = record.outcome == "ran" and record.exit_code == 0
-                done = _Done(key, record, result.answer) if succeeded else None
+                done = None
+                if succeeded and same is not None and not self.calls.repeatable(call.name):
+                    done = _Done(same, record, result.answer)
                 messages.append(self._result_message(call, result.answer, record.outcome))
                 if self.cancel.is_set():
                     return LoopEnd(error=INTERRUPTED)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 from mm_batch.config.model import AllowRule
 from mm_batch.config.secrets import NO_SECRETS, Masked, Masker, head
@@ -25,14 +25,82 @@ class Decision:
     reason: str | None = None
 
 
-@lru_cache(maxsize=1024)
-def _glob(pattern: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+# A bash word is cut into path segments at these: a `..` segment steps out of a folder.
+_SEGMENT_SEPARATORS = re.compile(r"[\s/=,:]+")
+_QUOTES = frozenset("'\"")
+
+
+def _stops(text: str, blocked: Callable[[int], bool]) -> list[int]:
+    """For each position, the first blocked position at or after it (len(text) if none): how
+    far a `*` starting there may reach."""
+    stops = [len(text)] * (len(text) + 1)
+    for i in range(len(text) - 1, -1, -1):
+        stops[i] = i if blocked(i) else stops[i + 1]
+    return stops
+
+
+def _wildcard_match(pattern: str, text: str, stops: list[int]) -> bool:
+    """Whole-text match of a pattern whose `*` covers any run of unblocked characters.
+
+    Where the next literal may begin is kept as one interval per run of unblocked characters
+    (within a run only the earliest end matters), so each literal costs one scan of the text:
+    no backtracking that a hostile value could blow up, whatever the pattern.
+    """
+    first, *middle, last = pattern.split("*")
+    if not text.startswith(first):
+        return False
+    reach = [(len(first), stops[len(first)])]
+    for part in (p for p in middle if p):  # `**` covers what `*` covers
+        ends: list[tuple[int, int]] = []
+        for low, high in reach:
+            q = text.find(part, low, high + len(part))
+            while q != -1:
+                end = q + len(part)
+                if not ends or stops[end] != ends[-1][1]:
+                    ends.append((end, stops[end]))
+                # A later end in the same run reaches no further: skip to the next run.
+                q = text.find(part, max(q + 1, stops[end] + 1 - len(part)), high + len(part))
+        if not ends:
+            return False
+        reach = ends
+    start = len(text) - len(last)
+    return text.endswith(last) and any(low <= start <= high for low, high in reach)
 
 
 def glob_match(pattern: str, value: str) -> bool:
-    """Whole-value match where `*` is the only wildcard."""
-    return _glob(pattern).fullmatch(value) is not None
+    """Whole-value match of an `args` pattern, `*` the only wildcard (SPEC §4): a `*` never
+    matches '/', and no pattern with a `*` matches a value holding a `..` path segment
+    (`docs/*` never allows `docs/../secret.txt`)."""
+    if "*" not in pattern:
+        return pattern == value
+    if ".." in value.split("/"):
+        return False
+    return _wildcard_match(pattern, value, _stops(value, lambda i: value[i] == "/"))
+
+
+def _could_be_parent(segment: str) -> bool:
+    """Whether bash could make this path segment `..`: written out, or as a pattern that
+    pathname expansion would match with `..` (`.?`, `.*`, `[.].`; one that begins with `*`
+    or `?` never matches a leading dot)."""
+    if segment == "..":
+        return True
+    pattern = any(c in "*?[" for c in segment) and segment[0] in ".["
+    return pattern and fnmatch.fnmatchcase("..", segment)
+
+
+def _parent_positions(command: str) -> set[int]:
+    """The positions of the command that belong to a path segment bash could make `..`,
+    seen as bash sees its words: quotes removed (`'.'.` is `..`)."""
+    kept = [i for i, c in enumerate(command) if c not in _QUOTES]
+    unquoted = "".join(command[i] for i in kept)
+    positions: set[int] = set()
+    start = 0
+    for separator in [*_SEGMENT_SEPARATORS.finditer(unquoted), None]:
+        end = separator.start() if separator is not None else len(unquoted)
+        if end > start and _could_be_parent(unquoted[start:end]):
+            positions.update(range(kept[start], kept[end - 1] + 1))
+        start = separator.end() if separator is not None else end
+    return positions
 
 
 def glob_safe(command: str) -> bool:
@@ -44,9 +112,15 @@ def glob_safe(command: str) -> bool:
 
 
 def bash_rule_matches(pattern: str, command: str) -> bool:
+    """An exact rule matches its command alone; a glob never matches a command holding a shell
+    metacharacter, nor one where a `*` would cover a `..` path segment (`./scripts/*` never
+    allows `./scripts/../../usr/bin/env ...`): only an exact rule can."""
     if "*" not in pattern:
         return pattern == command
-    return glob_safe(command) and glob_match(pattern, command)
+    if not glob_safe(command):
+        return False
+    parents = _parent_positions(command)
+    return _wildcard_match(pattern, command, _stops(command, parents.__contains__))
 
 
 def _shown(arguments: Mapping[str, str], masker: Masker) -> str:

@@ -11,6 +11,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from mm_batch.config.load import PLACEHOLDER_RE
@@ -20,6 +21,10 @@ from mm_batch.config.secrets import NO_SECRETS, Masked, Masker, head
 MAX_VALUE_BYTES = 64 * 1024
 MAX_INTEGER_DIGITS = 30
 _DIGITS_LIMIT = 10**MAX_INTEGER_DIGITS  # a magnitude below this has at most 30 digits
+# An integer parameter takes a JSON number only up to this magnitude: beyond it a number may have
+# lost digits on its way (any JSON reader that holds numbers as doubles), so taking it would be
+# a guess; its digits as a JSON string are exact.
+MAX_EXACT_INTEGER = 2**53
 MAX_NESTING = 64  # as for the files mm-batch reads: deeper JSON is refused, never recursed into
 MAX_PROBLEMS = 20  # an invalid answer lists at most this many problems
 QUOTE_LIMIT = 16 * 1024  # what an invalid answer quotes of the model's arguments, like output
@@ -105,7 +110,21 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-_ARGUMENTS_DECODER = json.JSONDecoder(parse_int=_parse_int)
+class _JsonFloat(float):
+    """A JSON number written with a fraction or an exponent, with the text the model wrote:
+    coercion reads the number that text denotes, not the double nearest to it. It never leaves
+    this module: coerced values are plain floats."""
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> _JsonFloat:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+_ARGUMENTS_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_JsonFloat)
 
 
 def _depth(data: Any) -> int:
@@ -180,27 +199,73 @@ def _too_many_digits(shown: str) -> str:
     return f"the value {shown} has over {MAX_INTEGER_DIGITS} digits"
 
 
+def _exact(number: int | float) -> Decimal:
+    """The number a JSON number denotes: its text as the model wrote it when known."""
+    return Decimal(number.text) if isinstance(number, _JsonFloat) else Decimal(number)
+
+
+def _whole(number: Decimal) -> bool:
+    """Whether a finite decimal is a whole number, read from its digits (no context can round
+    or overflow, whatever its exponent)."""
+    _, digits, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # finite: the caller checked
+    return exponent >= 0 or not any(digits[exponent:])
+
+
+def _as_double(number: float, exact: Decimal, shown: str) -> tuple[Value | None, str | None]:
+    """A number parameter's value as a double, when that double renders as the number written
+    (render_value writes the shortest repr): more digits than a double keeps would be rounded."""
+    if Decimal(repr(number)) != exact:
+        return None, (
+            f"the value {shown} has more significant digits than a number keeps (17): it would "
+            f"run as {render_value(float(number))}; send the number that should run"
+        )
+    return float(number), None
+
+
 def _coerce_number(param: ParamSpec, value: Any, shown: str) -> tuple[Value | None, str | None]:
-    """An integer or number parameter: finite, at most 30 digits before the point."""
+    """An integer or number parameter: exactly the number the model wrote, or invalid, never a
+    rounding of it (SPEC §2: render_value of the result denotes the number sent)."""
     integer = param.type == "integer"
-    number: int | float | None = None
-    if isinstance(value, bool):
-        pass
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            return None, f"expected a finite number, got {shown}"
-        number = int(value) if integer and value.is_integer() else value
-    elif isinstance(value, str) and (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(value):
+    wanted = f"expected {'an integer' if integer else 'a number'}, got {shown}"
+    if isinstance(value, str):
+        if not (_INTEGER_TEXT if integer else _NUMBER_TEXT).fullmatch(value):
+            return None, wanted
         if _digit_count(value) > MAX_INTEGER_DIGITS:
             return None, _too_many_digits(shown)
-        number = float(value) if "." in value else int(value)
-    if number is None or (integer and not isinstance(number, int)):
-        return None, f"expected {'an integer' if integer else 'a number'}, got {shown}"
-    if abs(number) >= _DIGITS_LIMIT:
+        if "." not in value:
+            return int(value), None  # decimal digits are exact at any magnitude
+        return _as_double(float(value), Decimal(value), shown)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, wanted
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, f"expected a finite number, got {shown}"
+    exact = _exact(value)
+    if exact.copy_abs() >= _DIGITS_LIMIT:
         return None, _too_many_digits(shown)
-    return number, None
+    if integer:
+        if not _whole(exact):
+            return None, wanted
+        if exact.copy_abs() > MAX_EXACT_INTEGER:
+            return None, (
+                f"{wanted}: a JSON number beyond 2^53 may have lost digits on its way; send the "
+                'integer as a JSON string of its digits ("12345678901234567890")'
+            )
+        return int(exact), None
+    if isinstance(value, int):
+        return value, None
+    return _as_double(value, exact, shown)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value with its numbers as plain floats (nesting is bounded by parse_arguments)."""
+    if isinstance(value, _JsonFloat):
+        return float(value)
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 
 def coerce(
@@ -208,9 +273,12 @@ def coerce(
 ) -> tuple[Value | None, str | None]:
     """Coerce one JSON value leniently: only what needs no guess. Returns (value, problem),
     the problem quoting the value masked."""
-    shown = _shown(value, masker)
+    # A number with a fraction or an exponent is quoted as the model wrote it, not as the double
+    # it parsed to ("got 3.0" for 3.0000000000000001 would say nothing).
+    text = value.text if isinstance(value, _JsonFloat) else None
+    shown = _shown(value, masker) if text is None else _shown(text, masker)[1:-1]
     if param.type == "json":
-        return value, None
+        return _plain(value), None
     if param.type == "string":
         if isinstance(value, str):
             return value, None
@@ -264,6 +332,35 @@ def _json_problem(value: Any) -> str | None:
     return None
 
 
+def _kind(value: object) -> str:
+    """A value's JSON kind, told apart as Python's == does not (True == 1 == 1.0)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, list | tuple):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+def same_value(a: object, b: object, numeric: bool = False) -> bool:
+    """Equality of coerced or expected values without Python's conversions: a boolean is never a
+    number and an integer never a float, through lists and objects too. `numeric`: integers and
+    floats compare as numbers (a declared number parameter's 2 is its 2.0)."""
+    kinds = {_kind(a), _kind(b)}
+    if numeric and kinds <= {"integer", "float"}:
+        return a == b
+    if len(kinds) > 1:
+        return False
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return a == b
+
+
 def _value_problem(param: ParamSpec, value: Value, masker: Masker) -> str | None:
     if isinstance(value, str):
         problem = _text_problem(value)
@@ -273,30 +370,42 @@ def _value_problem(param: ParamSpec, value: Value, masker: Masker) -> str | None
         problem = _json_problem(value)
         if problem is not None:
             return problem
-    if param.enum is not None and value not in param.enum:
+    numeric = param.type == "number"
+    if param.enum is not None and not any(same_value(value, v, numeric) for v in param.enum):
         allowed = ", ".join(render_value(v) for v in param.enum)
         return f"{_clip(masker.text(render_value(value)))!r} is not one of: {allowed}"
     return None
 
 
 def _dash_problems(tool: ToolSpec, values: dict[str, Value], masker: Masker) -> list[str]:
-    """Values that would begin their argv entry with '-': the program would read an option."""
+    """Values that make an argv entry begin with '-' when its template does not: the program
+    would read an option (SPEC §2). A value that begins the entry with '-' (`{{name}}`,
+    `{{ref}}..HEAD`), and empty values that leave a later literal '-' at its start
+    (`{{name}}-thumb.png`), whatever the template's shape; `allow_dash` lets a parameter do so."""
     problems: list[str] = []
     for entry in tool.command:
         rendered = _render_entry(entry, values)
-        if rendered is None:
+        if rendered is None or not rendered.text.startswith("-"):
             continue
-        text, leader = rendered
-        param = tool.param(leader) if leader is not None else None
-        if param is None or param.allow_dash or not text.startswith("-"):
-            continue
-        problem = (
-            f"{param.name}: the value {_shown(render_value(values[param.name]), masker)} begins "
-            f"with '-' and would begin the argv entry {_shown(entry, masker)}, where the program "
-            "would read it as an option"
-        )
-        if problem not in problems:
-            problems.append(problem)
+        for name in rendered.openers:
+            param = tool.param(name)
+            if param is None or param.allow_dash:
+                continue
+            value = render_value(values[name])
+            if value:
+                problem = (
+                    f"{name}: the value {_shown(value, masker)} begins with '-' and would begin "
+                    f"the argv entry {_shown(entry, masker)}, where the program would read it "
+                    "as an option"
+                )
+            else:
+                problem = (
+                    f"{name}: the empty value would leave the argv entry {_shown(entry, masker)} "
+                    f"beginning with '-' ({_shown(rendered.text, masker)}), where the program "
+                    "would read it as an option"
+                )
+            if problem not in problems:
+                problems.append(problem)
     return problems
 
 
@@ -364,6 +473,8 @@ def validate_call(
         problems.extend(f"unknown parameter {_shown(name, masker)[1:-1]!r}" for name in unknown)
         for param in tool.params:
             raw = data.get(param.name)
+            if raw == "" and not param.required and param.default is None:
+                raw = None  # SPEC §2: for an optional parameter without default, "" is left out
             if raw is None:
                 if param.required:
                     problems.append(f"{param.name}: missing (required)")
@@ -447,12 +558,21 @@ def _quoted(sent: Masked) -> str:
     return f"{head(sent, QUOTE_LIMIT)} [... {len(sent) - QUOTE_LIMIT} more characters cut ...]"
 
 
-def _render_entry(entry: str, values: dict[str, Value]) -> tuple[str, str | None] | None:
-    """An argv entry with its values put in, and the parameter whose value begins it (when
-    nothing non-empty comes before that value); None when an absent parameter drops it."""
+@dataclass(frozen=True)
+class _Rendered:
+    """An argv entry with its values put in, and the parameters whose values decide how it
+    begins: none when the template begins with a literal; the one whose non-empty value comes
+    first; or the empty ones before the literal that comes first."""
+
+    text: str
+    openers: tuple[str, ...]
+
+
+def _render_entry(entry: str, values: dict[str, Value]) -> _Rendered | None:
+    """One argv entry rendered in one pass; None when an absent parameter drops it."""
     pieces: list[str] = []
-    leader: str | None = None
-    begun = False
+    openers: tuple[str, ...] | None = None  # None until something non-empty begins the entry
+    empties: list[str] = []
     position = 0
     for match in PLACEHOLDER_RE.finditer(entry):
         name = match.group(1).strip()
@@ -460,13 +580,19 @@ def _render_entry(entry: str, values: dict[str, Value]) -> tuple[str, str | None
             return None
         literal = entry[position : match.start()]
         value = render_value(values[name])
-        begun = begun or bool(literal)
-        if not begun and value:
-            leader, begun = name, True
+        if openers is None and literal:
+            openers = tuple(empties)  # () when the template itself begins with the literal
+        if openers is None and value:
+            openers = (name,)
+        if openers is None:
+            empties.append(name)
         pieces.extend((literal, value))
         position = match.end()
-    pieces.append(entry[position:])
-    return "".join(pieces), leader
+    tail = entry[position:]
+    if openers is None and tail:
+        openers = tuple(empties)
+    pieces.append(tail)
+    return _Rendered("".join(pieces), openers or ())
 
 
 def render_argv(tool: ToolSpec, values: dict[str, Value]) -> tuple[str, ...]:
@@ -475,5 +601,5 @@ def render_argv(tool: ToolSpec, values: dict[str, Value]) -> tuple[str, ...]:
     for entry in tool.command:
         rendered = _render_entry(entry, values)
         if rendered is not None:  # an absent optional parameter without default drops its entry
-            argv.append(rendered[0])
+            argv.append(rendered.text)
     return tuple(argv)

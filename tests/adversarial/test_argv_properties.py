@@ -24,11 +24,13 @@ from mm_batch.run.loop import canonical_arguments
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
 from mm_batch.tools.text_calls import recover_tool_calls
 
-# How an entry holds its placeholder, and whether the value then begins the entry.
+# How an entry holds its placeholder, and whether the value then decides how the entry begins
+# (an empty one before a literal '-' leaves that dash first: `{{name}}-thumb.png`).
 POSITIONS = {
     "alone": ("{{%s}}", True),
     "prefix": ("{{%s}}.txt", True),
     "range": ("{{%s}}..HEAD", True),
+    "thumb": ("{{%s}}-thumb.png", True),
     "suffix": ("--opt={{%s}}", False),
     "middle": ("a{{%s}}b", False),
 }
@@ -134,6 +136,8 @@ def expected_problem(param: Param) -> tuple[str | None, str | None]:
         number = int(value) if isinstance(value, str) else value  # "3", "-3": never huge here
         if abs(number) >= 10**30:
             return "digits", None
+        if isinstance(value, int) and abs(value) > 2**53:  # a JSON number may have lost digits
+            return "beyond 2^53", None
         return None, str(number)
     if param.type == "number":
         if value == "1e400" or not math.isfinite(float(value)):  # type: ignore[arg-type]
@@ -186,18 +190,18 @@ def test_each_value_is_invalid_with_its_reason_or_lands_inside_exactly_its_entry
             )
         return
     rendered = {name: text or "" for name, (_, text) in problems.items()}
+    expected = [POSITIONS[p.position][0].replace("{{%s}}", rendered[p.name]) for p in params]
     dashed = [
         p.name
-        for p in params
-        if POSITIONS[p.position][1] and rendered[p.name].startswith("-") and not p.allow_dash
+        for p, entry in zip(params, expected, strict=True)
+        if POSITIONS[p.position][1] and entry.startswith("-") and not p.allow_dash
     ]
     if dashed:
         assert isinstance(result, InvalidCall), (raw[:200], dashed)
         assert sorted(q.split(":")[0] for q in result.problems) == sorted(dashed)
-        assert all("begins with '-'" in q for q in result.problems)
+        assert all("'-'" in q and "read it as an option" in q for q in result.problems)
         return
     assert isinstance(result, ValidCall), getattr(result, "problems", result)
-    expected = [POSITIONS[p.position][0].replace("{{%s}}", rendered[p.name]) for p in params]
     ran = HostExecutor().execute(result.argv, tool.workdir, {}, 30)
     assert ran.exit_code == 0, ran.stderr.data[-500:]
     assert json.loads(ran.stdout.data) == expected

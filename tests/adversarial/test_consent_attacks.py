@@ -33,6 +33,9 @@ allow:
     args: {channel: beta, version: "1.*"}
   - tool: publish
     args: {target: "*"}
+  - bash: "./scripts/*"
+  - tool: show
+    args: {path: "docs/*"}
 tools:
   - name: release
     description: Release a version to a channel.
@@ -45,6 +48,15 @@ tools:
     parameters:
       target: {type: string}
     command: ["./publish.sh", "{{target}}", "--channel=beta"]
+  - name: show
+    description: Show a file of the docs.
+    parameters:
+      path: {type: string}
+    command: ["./show.sh", "{{path}}"]
+"""
+# Leaves the marker whatever it is given: any run of it is the attack succeeding.
+MARK = """#!/bin/sh
+touch MARK
 """
 # Leaves a marker named after the channel it was really given: released-stable must never be.
 RELEASE = """#!/bin/sh
@@ -64,6 +76,9 @@ def project(tmp_path: Path) -> Path:
     write(tmp_path, "agent.yaml", AGENT)
     write(tmp_path, "release.sh", RELEASE).chmod(0o755)
     write(tmp_path, "publish.sh", PUBLISH).chmod(0o755)
+    write(tmp_path, "show.sh", MARK).chmod(0o755)
+    write(tmp_path, "mark.sh", MARK).chmod(0o755)
+    write(tmp_path, "scripts/ok.sh", "#!/bin/sh\necho ok\n").chmod(0o755)
     return write(tmp_path, "tasks.yaml", TASKS)
 
 
@@ -235,3 +250,53 @@ def test_a_value_inside_its_entry_matches_the_glob_and_stays_one_argument(
     ]
     assert {p.name for p in project.parent.glob("released-*")} == {"released-beta"}
     assert result.code == 0
+
+
+PARENT_ESCAPES = {
+    "a parent segment": "./scripts/../mark.sh",
+    "a quoted parent": "./scripts/'..'/mark.sh",
+    "a parent quoted in halves": './scripts/"."./mark.sh',
+    "a parent deeper down": "./scripts/x/../../mark.sh",
+}
+
+
+@pytest.mark.parametrize("name", list(PARENT_ESCAPES))
+def test_a_bash_glob_never_lets_its_star_climb_out_of_its_folder(
+    cli: Cli, fake_model: Fake, project: Path, name: str
+) -> None:
+    """`./scripts/*` allowed `./scripts/../mark.sh`: any program of the machine, by `..`."""
+    command = PARENT_ESCAPES[name]
+    (project.parent / "scripts" / "x").mkdir(exist_ok=True)
+    subprocess.run(["bash", "-c", command], cwd=project.parent, capture_output=True, check=False)
+    assert (project.parent / "MARK").exists(), f"{name}: not an attack"
+    (project.parent / "MARK").unlink()
+    result, records = attack(cli, fake_model, project, "bash", json.dumps({"command": command}))
+    assert not (project.parent / "MARK").exists()
+    assert_refused(result, records)
+
+
+def test_the_folder_glob_runs_what_is_in_its_folder(
+    cli: Cli, fake_model: Fake, project: Path
+) -> None:
+    result, records = attack(cli, fake_model, project, "bash", '{"command": "./scripts/ok.sh"}')
+    record = only_tool_record(records)
+    assert record["outcome"] == "ran" and record["rule"] == "allow[5]", record
+    assert result.code == 0
+
+
+@pytest.mark.parametrize("path", ["docs/../secret.txt", "docs/..", "docs/a/../../secret.txt"])
+def test_an_args_glob_never_allows_a_parent_path(
+    cli: Cli, fake_model: Fake, project: Path, path: str
+) -> None:
+    """`path: "docs/*"` allowed `docs/../secret.txt`: `*` covered a `..` segment and a '/'."""
+    result, records = attack(cli, fake_model, project, "show", json.dumps({"path": path}))
+    assert not (project.parent / "MARK").exists()
+    assert_refused(result, records)
+
+
+def test_an_args_glob_allows_a_file_of_its_folder(
+    cli: Cli, fake_model: Fake, project: Path
+) -> None:
+    result, records = attack(cli, fake_model, project, "show", '{"path": "docs/a..b.md"}')
+    assert only_tool_record(records)["rule"] == "allow[6]"
+    assert (project.parent / "MARK").exists() and result.code == 0

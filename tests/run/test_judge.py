@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from mm_batch.config.model import CallExpectation, Expect
+from mm_batch.config.model import AnyOf, CallExpectation, Expect
 from mm_batch.run.judge import CheckRun, judge, verdict
 from mm_batch.run.records import Check, Outcome, ToolRecord
 
@@ -125,3 +128,72 @@ def test_the_verdict_puts_error_before_failure_before_checks() -> None:
     assert verdict(None, "loop detector", bad) == ("failed", "loop detector")
     assert verdict(None, None, bad) == ("failed", "calls[0]: nothing ran")
     assert verdict(None, None, [Check("calls[0]", True, "")]) == ("passed", "")
+
+
+# -- argument matching: type-exact, and a list means any one of these ------------------------
+
+SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-2, 2),
+    st.sampled_from([0.0, 1.0, 2.5]),
+    st.sampled_from(["", "1", "true"]),
+)
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(st.sampled_from("ab"), children, max_size=2)
+    ),
+    max_leaves=8,
+)
+
+
+def _typed(value: Any) -> str:
+    """A value with the JSON kind of every part written into it, as canonical text."""
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, list):
+            return ["array", [walk(x) for x in v]]
+        if isinstance(v, dict):
+            return ["object", {k: walk(x) for k, x in v.items()}]
+        return [type(v).__name__, v]
+
+    return json.dumps(walk(value), sort_keys=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(want=JSON_VALUES, got=JSON_VALUES)
+def test_an_argument_matches_only_a_value_of_the_same_kind(want: Any, got: Any) -> None:
+    """In Python True == 1 == 1.0, also inside objects: an MCP tool's `{"on": 1}` met an
+    expectation of `{"on": true}`."""
+    expect = Expect(calls=(CallExpectation("srv_set", {"v": want}),))
+    met = ok_of(judge(expect, [tool("srv_set", v=got)], None, None), "calls[0]")
+    assert met == (_typed(want) == _typed(got))
+
+
+def test_true_never_meets_one_inside_an_object() -> None:
+    expect = Expect(calls=(CallExpectation("srv_set", {"config": {"debug": True}}),))
+    assert not ok_of(judge(expect, [tool("srv_set", config={"debug": 1})], None, None), "calls[0]")
+    assert ok_of(judge(expect, [tool("srv_set", config={"debug": True})], None, None), "calls[0]")
+
+
+@settings(max_examples=200, deadline=None)
+@given(choices=st.lists(SCALARS, min_size=1, max_size=4), got=SCALARS)
+def test_a_list_of_values_is_met_by_any_one_of_them(choices: list[Any], got: Any) -> None:
+    expect = Expect(calls=(CallExpectation("status", {"service": AnyOf(tuple(choices))}),))
+    met = ok_of(judge(expect, [tool("status", service=got)], None, None), "calls[0]")
+    assert met == any(_typed(c) == _typed(got) for c in choices)
+
+
+def test_a_declared_number_parameter_compares_as_a_number() -> None:
+    expect = Expect(calls=(CallExpectation("scale", {"ratio": 2.0}, numbers=frozenset({"ratio"})),))
+    assert ok_of(judge(expect, [tool("scale", ratio=2)], None, None), "calls[0]")
+    assert not ok_of(judge(expect, [tool("scale", ratio=True)], None, None), "calls[0]")
+    strict = Expect(calls=(CallExpectation("scale", {"ratio": 2.0}),))
+    assert not ok_of(judge(strict, [tool("scale", ratio=2)], None, None), "calls[0]")
+
+
+def test_a_list_of_values_is_shown_as_written() -> None:
+    expect = Expect(calls=(CallExpectation("status", {"service": AnyOf(("billing", "Billing"))}),))
+    [check] = judge(expect, [], None, None)
+    assert check.detail.startswith('expected status {"service": ["billing", "Billing"]}; ')
