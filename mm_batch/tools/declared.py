@@ -7,6 +7,7 @@ model sent) so that it can retry, and coercion accepts only what needs no guess.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -199,9 +200,15 @@ def _too_many_digits(shown: str) -> str:
     return f"the value {shown} has over {MAX_INTEGER_DIGITS} digits"
 
 
-def _exact(number: int | float) -> Decimal:
-    """The number a JSON number denotes: its text as the model wrote it when known."""
-    return Decimal(number.text) if isinstance(number, _JsonFloat) else Decimal(number)
+def _exact(number: int | float) -> Decimal | None:
+    """The number a JSON number denotes: its text as the model wrote it when known; None when
+    no decimal can hold it (an exponent of 10^18 or more: `1e-99999999999999999999`)."""
+    if not isinstance(number, _JsonFloat):
+        return Decimal(number)
+    try:
+        return Decimal(number.text)
+    except decimal.InvalidOperation:
+        return None
 
 
 def _whole(number: Decimal) -> bool:
@@ -241,6 +248,8 @@ def _coerce_number(param: ParamSpec, value: Any, shown: str) -> tuple[Value | No
     if isinstance(value, float) and not math.isfinite(value):
         return None, f"expected a finite number, got {shown}"
     exact = _exact(value)
+    if exact is None:  # a finite double, so a tiny exponent: no whole number, no double keeps it
+        return None, f"{wanted}: its exponent is beyond any number that can run"
     if exact.copy_abs() >= _DIGITS_LIMIT:
         return None, _too_many_digits(shown)
     if integer:

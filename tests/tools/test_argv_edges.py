@@ -5,7 +5,7 @@ type-exact equality. Each rule is a property over generated templates, values or
 from __future__ import annotations
 
 import json
-from decimal import Context, Decimal, localcontext
+from decimal import Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 
 import pytest
@@ -142,7 +142,7 @@ JSON_NUMBERS = st.builds(
             lambda e, s, d: e + s + d,
             st.sampled_from("eE"),
             st.sampled_from(["", "+", "-"]),
-            st.integers(0, 40).map(str),
+            st.one_of(st.integers(0, 40).map(str), st.just("99999999999999999999")),
         ),
     ),
 ) | st.sampled_from(
@@ -174,8 +174,12 @@ def _one(type_: ParamType) -> ToolSpec:
 def test_a_json_number_runs_as_the_number_it_denotes_or_is_invalid(
     text: str, type_: ParamType
 ) -> None:
-    sent = Decimal(text)
     result = validate_call(_one(type_), '{"n": ' + text + "}")
+    try:
+        sent = Decimal(text)
+    except InvalidOperation:  # an exponent no decimal holds: nothing exact can run
+        assert isinstance(result, InvalidCall), text
+        return
     if isinstance(result, ValidCall):
         assert Decimal(result.argv[1]) == sent, (text, result.argv)
         if type_ == "integer":
@@ -238,6 +242,25 @@ def test_an_exact_integer_runs(raw: str, argv: str) -> None:
     result = validate_call(_one("integer"), raw)
     assert isinstance(result, ValidCall), result
     assert result.argv[1] == argv
+
+
+@pytest.mark.parametrize("type_", ["integer", "number"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1e-99999999999999999999",
+        "-0.1e-99999999999999999999999999999999999999",
+        "1e99999999999999999999",
+        "1" + "0" * 5000 + "e-5000",
+        "0." + "0" * 100_000 + "1",
+    ],
+)
+def test_a_hostile_exponent_or_length_is_answered_never_raised(type_: ParamType, text: str) -> None:
+    result = validate_call(_one(type_), '{"n": ' + text + "}")
+    if text.startswith("1" + "0" * 5000):  # exactly 1
+        assert isinstance(result, ValidCall) and result.argv[1] in ("1", "1.0"), result
+    else:
+        assert isinstance(result, InvalidCall), result
 
 
 def test_a_number_with_more_digits_than_a_double_keeps_is_invalid() -> None:
