@@ -557,6 +557,12 @@ class DockerSandbox:
                 # Root for the container's own processes, so that the sweep (a root exec) holds
                 # CAP_KILL, the one capability kept: a non-root exec gets none (no-new-privileges
                 # and no file capabilities), so no tool can signal, stop or trace a root process.
+                # ptrace is denied to tools by uid, not by a seccomp profile: without
+                # CAP_SYS_PTRACE the kernel refuses tracing another uid (the sweep, mm-batch's
+                # probes: root; a check: its own uid), and the verified sweep leaves no process
+                # of an earlier call to trace a later one, so what a tool can still trace is its
+                # own call's processes, which it could change anyway. A profile would also break
+                # strace and debuggers that tools may legitimately run.
                 user=ROOT,
                 network_mode=self.spec.network,
                 cap_drop=["ALL"],
