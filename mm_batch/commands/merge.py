@@ -22,6 +22,7 @@ from mm_batch.commands.results import (
 from mm_batch.config.secrets import Masker
 from mm_batch.errors import ExitCode
 from mm_batch.plan import classname
+from mm_batch.report.calls_log import record_line
 from mm_batch.report.files import (
     CALLS,
     JUNIT,
@@ -162,13 +163,10 @@ def _merge_calls(
     folders: Sequence[tuple[Path, Sequence[RunResult]]],
 ) -> tuple[str, list[dict[str, Any]]]:
     """The shards' records, one JSON object a line, and those records read (for report.html)."""
-    lines: list[str] = []
     records: list[dict[str, Any]] = []
     for directory, results in folders:
-        for line, record in read_records(directory / CALLS, {r.run_id for r in results}):
-            lines.append(line + "\n")
-            records.append(record)
-    return "".join(lines), records
+        records.extend(read_records(directory / CALLS, {r.run_id for r in results}))
+    return "".join(map(record_line, records)), records
 
 
 _CASE_CHILDREN = ("failure", "error", "flakyFailure", "flakyError", "skipped")

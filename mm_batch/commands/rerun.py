@@ -70,7 +70,7 @@ def read_previous(directory: Path) -> Previous:
         (results,) = results_of([(directory, summary)])
         ids = frozenset(r.run_id for r in results)
         junit = junit_part(read_junit(directory / JUNIT), results, suite, directory)
-        records = tuple(record for _, record in read_records(directory / CALLS, ids))
+        records = tuple(read_records(directory / CALLS, ids))
     plan = summary.get("plan") or {}
     coverage = {"shard": plan.get("shard"), "whole_runs": plan.get("whole_runs", len(results))}
     provenance = dict(summary.get("provenance") or {})

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from mm_batch.errors import UsageError
+from mm_batch.report.calls_log import record_lines
 from mm_batch.report.files import CALLS, JUNIT, SUMMARY_JSON
 from mm_batch.report.summary import one_line
 
@@ -153,13 +154,12 @@ def _depth(value: object) -> int:
     return deepest
 
 
-def read_records(path: Path, runs: Collection[str]) -> list[tuple[str, dict[str, Any]]]:
-    """calls.jsonl's records, each with its line as written. A line that is not a record of
-    one of `runs` (the runs summary.json lists) is named, never copied."""
-    records: list[tuple[str, dict[str, Any]]] = []
-    for number, line in enumerate(read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
+def read_records(path: Path, runs: Collection[str]) -> list[dict[str, Any]]:
+    """calls.jsonl's records, its lines split as they were written (`record_lines`). A line
+    that is not a record of one of `runs` (the runs summary.json lists) is named, never
+    copied."""
+    records: list[dict[str, Any]] = []
+    for number, line in record_lines(read_text(path)):
         record = read_json(line, f"{path}:{number}", "a JSON record")
         if not isinstance(record, dict) or record.get("kind") not in _KINDS:
             raise ResultsError(f"{path}:{number}: not an mm-batch record")
@@ -173,7 +173,7 @@ def read_records(path: Path, runs: Collection[str]) -> list[tuple[str, dict[str,
                 f"{path}:{number}: a record of {one_line(str(run), 120)}, a run that "
                 f"{SUMMARY_JSON} does not list: the folder is damaged"
             )
-        records.append((line, record))
+        records.append(record)
     return records
 
 

@@ -1,18 +1,38 @@
-"""calls.jsonl: one JSON object a line, flushed as it happens."""
+"""calls.jsonl: one JSON object a line, flushed as it happens.
+
+One writer and one reader of its lines (SPEC 7): a record is written with every non-ASCII
+character escaped, so that no character any reader takes for a line break (U+2028, U+2029,
+U+0085, the \\x1c-\\x1e separators, \\v, \\f) is ever inside a line, and the text is split on
+`\\n` only, never with `str.splitlines`, which breaks a line at each of those.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
+from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
+
+
+def record_line(record: Mapping[str, Any]) -> str:
+    """One record as calls.jsonl holds it: pure ASCII JSON (a lone surrogate from a model is
+    its escape, so the file stays valid UTF-8 and valid JSON), then `\\n`."""
+    return json.dumps(record, ensure_ascii=True, default=str) + "\n"
+
+
+def record_lines(text: str) -> Iterator[tuple[int, str]]:
+    """calls.jsonl's non-blank lines with their 1-based numbers, split on `\\n` only; a line
+    written by an older mm-batch, raw non-ASCII characters and all, reads as it was meant."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            yield number, line
 
 
 class JsonlRecorder:
     """Thread-safe writer; each record is one line, flushed to the OS at once.
 
-    Records arrive masked (each text field, by the run stage). A lone surrogate from a model is
-    written as its JSON escape, so that the file stays valid UTF-8 and valid JSON.
+    Records arrive masked (each text field, by the run stage).
     """
 
     def __init__(self, handle: TextIO) -> None:
@@ -23,7 +43,7 @@ class JsonlRecorder:
         self._lines: list[str] = []
 
     def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        line = record_line(record)
         with self._lock:
             if self._handle is None:
                 return

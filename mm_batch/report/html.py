@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from mm_batch.report.calls_log import record_lines
 from mm_batch.report.summary import model_lines, printable
 from mm_batch.run.records import RunResult
 
@@ -223,7 +224,7 @@ def report_html(
 def records_of(calls_text: str) -> dict[str, list[Mapping[str, Any]]]:
     """calls.jsonl's text read for the page: a line that is not a JSON object is skipped."""
     parsed: list[Mapping[str, Any]] = []
-    for line in calls_text.splitlines():
+    for _, line in record_lines(calls_text):
         try:
             record = json.loads(line)
         except (ValueError, RecursionError):
