@@ -126,6 +126,14 @@ def _response(entry: object, key: str) -> dict[str, Any] | None:
         return None
     if not all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
         return None
+    for choice in choices:
+        # litellm stores its name for the finish ("stop") and the provider's word beside it,
+        # which it drops when it replays the entry: replayed, the provider's word is read again
+        # (SPEC 6: a cut answer must fail on a replay as it did when the model was asked).
+        fields = choice.get("provider_specific_fields")
+        native = fields.get("native_finish_reason") if isinstance(fields, dict) else None
+        if isinstance(native, str):
+            choice["finish_reason"] = native
     return response
 
 

@@ -140,6 +140,7 @@ def _import_offline() -> Any:
         litellm.telemetry = False
         _silence_logs()
         _tolerate_unreadable_arguments()
+        _keep_native_finishes()
         _skip_litellm_pricing()
         for name in _FIRST_CALL_MODULES:
             with contextlib.suppress(ImportError):
@@ -162,6 +163,25 @@ def _unlogged(litellm: Any, **kwargs: Any) -> Any:
     context = importlib.import_module("litellm._internal_context")
     with context.internal_sub_call():
         return litellm.completion(**kwargs)
+
+
+class _Completion:
+    """What one completion call gave: litellm's response, and the finish reasons the provider
+    sent that litellm turned into a normal end (see `_keep_native_finishes`)."""
+
+    def __init__(self, response: Any, folded_finishes: tuple[str, ...]) -> None:
+        self.response = response
+        self.folded_finishes = folded_finishes
+
+
+def _completion(litellm: Any, **kwargs: Any) -> _Completion:
+    """`_unlogged`, on the calling thread, noting the provider's finish reasons as it goes."""
+    seen: list[str] = []
+    _FOLDED.reasons = seen
+    try:
+        return _Completion(_unlogged(litellm, **kwargs), tuple(seen))
+    finally:
+        _FOLDED.reasons = None
 
 
 def _silence_logs() -> None:
@@ -214,6 +234,70 @@ def _tolerate_unreadable_arguments() -> None:
     for name, loaded in list(sys.modules.items()):
         if name.startswith("litellm") and getattr(loaded, _FIXER, None) is original:
             setattr(loaded, _FIXER, tolerant)
+
+
+_FINISH_MODULE = "litellm.litellm_core_utils.core_helpers"
+_FINISH_MAPPER = "map_finish_reason"
+# What providers say of a turn that ended normally, which litellm rightly calls "stop" or
+# "tool_calls". Whatever else it calls so is no normal end (SPEC 6): a reason litellm does not
+# know (`model_length`, `max_output_tokens`, one a provider adds) or one it folds into "stop"
+# (`ERROR`, `MALFORMED_FUNCTION_CALL`, `network_error`); the provider's word is kept for it.
+NORMAL_NATIVE_FINISHES = frozenset(
+    {
+        *("stop", "tool_calls", "function_call"),  # OpenAI and the servers compatible with it
+        *("end_turn", "stop_sequence", "tool_use"),  # Anthropic, Bedrock
+        *("COMPLETE", "STOP_SEQUENCE", "TOOL_CALL"),  # Cohere
+        *("eos", "eos_token"),  # Hugging Face, Together AI
+        "STOP",  # Gemini, Vertex AI
+    }
+)
+_LITELLM_NORMAL = ("stop", "tool_calls", "function_call")
+_FOLDED = threading.local()  # `reasons`: the list a completion on this thread notes into
+
+
+def _keep_native_finishes() -> None:
+    """litellm maps every provider's finish reason through one function, which calls "stop"
+    any reason it does not know: a cut or filtered answer would pass. That function is wrapped
+    so that, during a completion of `_completion` on the same thread, each reason it folds into
+    a normal end is noted as the provider sent it. litellm's own answer is unchanged."""
+    module = importlib.import_module(_FINISH_MODULE)
+    original = getattr(module, _FINISH_MAPPER, None)
+    if original is None or getattr(original, "mm_batch_native", False):
+        return
+
+    def noting(finish_reason: Any) -> Any:
+        mapped = original(finish_reason)
+        seen = getattr(_FOLDED, "reasons", None)
+        if (
+            seen is not None
+            and mapped in _LITELLM_NORMAL
+            and str(finish_reason) not in NORMAL_NATIVE_FINISHES
+        ):
+            seen.append(str(finish_reason))
+        return mapped
+
+    noting.mm_batch_native = True  # type: ignore[attr-defined]
+    # Where litellm imported it by name, the name is rebound too.
+    for name, loaded in list(sys.modules.items()):
+        if name.startswith("litellm") and getattr(loaded, _FINISH_MAPPER, None) is original:
+            setattr(loaded, _FINISH_MAPPER, noting)
+
+
+def provider_finish(choice: Any, folded: tuple[str, ...] = ()) -> str | None:
+    """A turn's finish reason in the provider's own words where litellm would have said
+    "stop" or "tool_calls" for something else (noted as it mapped, in `folded`, or kept by
+    litellm as `native_finish_reason`, also in a reply replayed from the cache); otherwise
+    litellm's name (`length`, `content_filter`)."""
+    given = getattr(choice, "finish_reason", None)
+    if given is None:
+        return None
+    reason = str(given)
+    if reason not in _LITELLM_NORMAL:
+        return reason
+    fields = getattr(choice, "provider_specific_fields", None)
+    native: object = fields.get("native_finish_reason") if isinstance(fields, dict) else None
+    said = (*(() if native is None else (str(native),)), *folded)
+    return next((word for word in said if word not in NORMAL_NATIVE_FINISHES), reason)
 
 
 _LOGGING = "litellm.litellm_core_utils.litellm_logging"
@@ -356,10 +440,10 @@ class LiteLLMClient:
                 raise ModelDeadlineError(DEADLINE_REASON)
             call_timeout = min(self.timeout, left)
             try:
-                response = _within(
+                completion = _within(
                     call_timeout + CALL_GRACE_S,
                     functools.partial(
-                        _unlogged,
+                        _completion,
                         litellm,
                         model=self.model,
                         messages=messages,
@@ -388,7 +472,14 @@ class LiteLLMClient:
                 # Only the cache's own word says a reply came from it, never the reply's body.
                 hit = bool(cached) and served(litellm, cached["cache_key"])
                 latency = time.monotonic() - started
-                return _reply(response, latency, attempt, model=self.model, cached=hit)
+                return _reply(
+                    completion.response,
+                    latency,
+                    attempt,
+                    model=self.model,
+                    cached=hit,
+                    folded_finishes=completion.folded_finishes,
+                )
             if attempt < self.tries:
                 delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
                 asked = retry_after_s(last)
@@ -485,10 +576,17 @@ def knows_price(model: str) -> bool:
 
 
 def _reply(
-    response: Any, latency_s: float, attempts: int, *, model: str, cached: bool = False
+    response: Any,
+    latency_s: float,
+    attempts: int,
+    *,
+    model: str,
+    cached: bool = False,
+    folded_finishes: tuple[str, ...] = (),
 ) -> ModelReply:
     """The first choice as a `ModelReply`; a reply that has none is a `ModelError`. `cached`:
-    the response cache served it (a cached turn costs nothing)."""
+    the response cache served it (a cached turn costs nothing). Its finish reason is the
+    provider's own where litellm folded it into a normal end (`provider_finish`)."""
     choices = getattr(response, "choices", None)
     if not isinstance(choices, list | tuple) or not choices:
         raise ModelError("the model sent a malformed response: it has no choices")
@@ -515,7 +613,7 @@ def _reply(
     return ModelReply(
         text=_text(getattr(message, "content", None)),
         tool_calls=tuple(calls),
-        finish_reason=_text(getattr(choice, "finish_reason", None)),
+        finish_reason=provider_finish(choice, folded_finishes),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         latency_s=latency_s,

@@ -15,6 +15,29 @@ from mm_batch.config.model import AnyOf, CallExpectation, Expect, ExpectedValue
 from mm_batch.run.records import Check, Status, ToolRecord
 from mm_batch.tools.declared import same_value
 
+# The only finishes of a model turn that end it normally (SPEC 6), as the model client reports
+# them (litellm's names; a provider's own word where litellm would have said "stop").
+NORMAL_FINISHES = frozenset({"stop", "tool_calls", "function_call"})
+# Spellings of "the token limit was reached", for the message only: any abnormal finish fails.
+_TOKEN_LIMIT = frozenset(
+    {"length", "max_tokens", "MAX_TOKENS", "model_length", "max_output_tokens", "token_limit"}
+)
+
+
+def unfinished_turn(finish_reason: str | None, asked_calls: bool) -> str | None:
+    """Why a model turn that ended with `finish_reason` fails the run, or None when it ended
+    normally: a stop or a tool call (no reason given reads as a stop, as OpenAI's API says)."""
+    if finish_reason is None or finish_reason in NORMAL_FINISHES:
+        return None
+    what = "tool call" if asked_calls else "final answer"
+    finish_reason = finish_reason or '""'
+    if finish_reason in _TOKEN_LIMIT:
+        return f"the {what} was cut by the model's token limit (finish_reason: {finish_reason})"
+    return (
+        f"the model's turn ended with finish_reason: {finish_reason}, not with a stop or a "
+        f"tool call: its {what} cannot be taken as given"
+    )
+
 
 @dataclass(frozen=True)
 class CheckRun:

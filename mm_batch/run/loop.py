@@ -13,6 +13,7 @@ from typing import Any
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.calls import CallHandler
+from mm_batch.run.judge import unfinished_turn
 from mm_batch.run.ports import (
     ModelClient,
     ModelDeadlineError,
@@ -129,15 +130,14 @@ class AgentLoop:
                 return LoopEnd(error=str(exc))
             self._record_model(reply)
             messages.append(self._assistant_message(reply))
+            # Only a stop or a tool call ends a turn normally: a cut or filtered turn's calls
+            # never run, and its text is no final answer (SPEC 6).
+            unfinished = unfinished_turn(reply.finish_reason, bool(reply.tool_calls))
+            if unfinished is not None:
+                return LoopEnd(answer=reply.text or "", failure=unfinished)
             if not reply.tool_calls and reply.text and self.spec.settings.recover_text_tool_calls:
                 reply = self._with_text_calls(reply)
             if not reply.tool_calls:
-                if reply.finish_reason == "length":
-                    return LoopEnd(
-                        answer=reply.text or "",
-                        failure="the final answer was cut by the model's token limit "
-                        "(finish_reason: length)",
-                    )
                 return LoopEnd(answer=reply.text or "")
             invalid_now: set[str] = set()  # read by the model from its next turn
             for call in reply.tool_calls:
