@@ -26,14 +26,73 @@ F = TypeVar("F", bound=Callable[..., Any])
 _EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
 
+# Within the files' bounds (SPEC 1): a value sits two levels down in an agent file (the file's
+# mapping, then model_options), and nothing may nest deeper than 64; integers of at most 30
+# digits; finite numbers; text that can be encoded.
+_OPTION_DEPTH = 62
+_OPTION_DIGITS = 30
+
+
+class _OptionValueError(Exception):
+    """A `--model-option` value JSON reads, but not within the bounds a file's value has."""
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > _OPTION_DIGITS:
+        raise _OptionValueError(f"an integer of more than {_OPTION_DIGITS} digits")
+    return int(digits)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OptionValueError(f"{text[:40]} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise _OptionValueError(f"{name} is not a finite number")
+
+
+def _bounded_data(value: Any) -> None:
+    """Nesting and text of a parsed value, walked without recursion."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth + 1 > _OPTION_DEPTH:
+                raise _OptionValueError(f"nested deeper than {_OPTION_DEPTH}")
+            if isinstance(item, dict):
+                stack.extend((k, depth) for k in item)
+            stack.extend(
+                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _OptionValueError("text with a character that cannot be encoded") from None
+
+
 def _parse_option_value(text: str) -> Any:
     """`--model-option KEY=VALUE`: numbers, true/false, objects and lists as JSON reads them
-    (`extra_headers={"X-Team": "ci"}`), else a string."""
+    (`extra_headers={"X-Team": "ci"}`), else a string. Raises _OptionValueError for JSON a
+    file could not hold (NaN, 1e999, a 31-digit integer, deep nesting)."""
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
+        value = json.loads(
+            text,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+        )
+    except RecursionError:
+        raise _OptionValueError(f"nested deeper than {_OPTION_DEPTH}") from None
+    except ValueError:
         return text
-    return value if isinstance(value, int | float | bool | dict | list) else text
+    if not isinstance(value, int | float | bool | dict | list):
+        return text
+    _bounded_data(value)
+    return value
 
 
 def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -42,9 +101,23 @@ def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise click.BadParameter(
-                f"expected KEY=VALUE, got '{pair}'", param_hint="--model-option"
+                f"expected KEY=VALUE, got '{pair[:120]}'", param_hint="--model-option"
             )
-        options[key] = _parse_option_value(value)
+        try:
+            options[key] = _parse_option_value(value)
+        except _OptionValueError as exc:
+            from mm_batch.config.secrets import MASK, secret_name
+
+            if secret_name(key):  # a secret's value is never shown, not even in an error
+                raise click.BadParameter(
+                    f"'{key}={MASK}': its value is not one a model option can be",
+                    param_hint="--model-option",
+                ) from None
+            shown = pair if len(pair) <= 120 else pair[:117] + "..."
+            raise click.BadParameter(
+                f"'{shown}': {exc}, which a model option cannot be",
+                param_hint="--model-option",
+            ) from None
     return options
 
 
@@ -131,7 +204,7 @@ Exit codes:
   2    usage or configuration error; nothing ran
   3    none failed, but at least one task run could not be judged (error)
   4    mm-batch itself failed (a bug); the reports are written if possible
-  130  interrupted by SIGINT or SIGTERM; the reports are written
+  130  interrupted by SIGINT, SIGTERM or SIGHUP; the reports are written
 """
 
 
@@ -286,9 +359,10 @@ def leave(code: int) -> NoReturn:
     down. What is left is done here: the watchdog's goodbye (so that it exits without cleaning
     up after a death) and the flush of stdout and stderr.
     """
+    from mm_batch.commands.signals import CANCELLING
     from mm_batch.effects.watchdog import current_watchdog
 
-    for sig in (signal.SIGINT, signal.SIGTERM):  # nothing is left to cancel: the code stands
+    for sig in CANCELLING:  # nothing is left to cancel: the code stands
         signal.signal(sig, signal.SIG_IGN)
     watchdog = current_watchdog()
     if watchdog is not None:

@@ -13,7 +13,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # usage or configuration error: nothing ran (or nothing merged)
     ERROR = 3  # none failed, at least one task run could not be judged
     BUG = 4  # mm-batch itself failed outside any one task run
-    INTERRUPTED = 130  # SIGINT or SIGTERM; the reports were written
+    INTERRUPTED = 130  # SIGINT, SIGTERM or SIGHUP; the reports were written
 
 
 class UsageError(Exception):

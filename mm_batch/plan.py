@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from mm_batch.config.agent import MAX_PARALLEL, WEEK_S
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import (
     DEFAULT_MODEL,
@@ -21,6 +23,7 @@ from mm_batch.config.model import (
     TasksFile,
     TaskSpec,
 )
+from mm_batch.config.tasks import MAX_JOBS, MAX_REPEAT
 from mm_batch.errors import UsageError
 
 # Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
@@ -118,39 +121,72 @@ class Plan:
         return limits
 
 
+# As a file's integers (SPEC 1): ASCII digits, at most 30 of them; `int` alone would also take
+# " 2", "+2", "2_0" and other scripts' digits.
+_SHARD_RE = re.compile(r"([0-9]{1,30})/([0-9]{1,30})")
+
+
 def parse_shard(text: str) -> tuple[int, int]:
-    try:
-        k_text, n_text = text.split("/")
-        k, n = int(k_text), int(n_text)
-    except ValueError:
-        raise PlanError(f"--shard takes K/N with whole numbers, got '{text}'") from None
+    found = _SHARD_RE.fullmatch(text)
+    if found is None:
+        raise PlanError(f"--shard takes K/N with whole numbers, got '{_shown(text)}'")
+    k, n = int(found[1]), int(found[2])
     if n < 1 or not 1 <= k <= n:
         raise PlanError(f"--shard K/N needs 1 <= K <= N, got '{text}'")
     return k, n
+
+
+def _shown(text: str) -> str:
+    """A value from the command line as a message quotes it: at most 120 characters."""
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_overrides(overrides: Overrides) -> None:
+    """The command line's values within the bounds of the files' own (SPEC 1), before anything
+    is planned: `--repeat 3000000` is refused as `repeat: 3000000` is, never run."""
+    bounds = (("--repeat", overrides.repeat, MAX_REPEAT), ("--jobs", overrides.jobs, MAX_JOBS))
+    for option, value, most in bounds:
+        if value is not None and not 1 <= value <= most:
+            raise PlanError(f"{option} takes 1 to {most}, got {value}")
+    if any(not model for model in overrides.models):
+        raise PlanError("--model must not be empty")
+    if overrides.image is not None and not overrides.image:
+        raise PlanError("--image must not be empty")
+    if overrides.max_cost is not None and not (
+        math.isfinite(overrides.max_cost) and overrides.max_cost > 0
+    ):
+        raise PlanError(f"--max-cost takes a number of USD above 0, got {overrides.max_cost}")
 
 
 def _model_settings(model: str, options: Mapping[str, Any]) -> ModelSettings:
     """Read mm-batch's own keys (the files were checked at load; `--model-option` is not)."""
     max_parallel = options.get("max_parallel")
     if max_parallel is not None and (
-        not isinstance(max_parallel, int) or isinstance(max_parallel, bool) or max_parallel < 1
+        not isinstance(max_parallel, int)
+        or isinstance(max_parallel, bool)
+        or not 1 <= max_parallel <= MAX_PARALLEL
     ):
         raise PlanError(
-            f"model option max_parallel must be a whole number >= 1, got {max_parallel!r}"
+            f"model option max_parallel must be a whole number from 1 to {MAX_PARALLEL}, "
+            f"got {_shown(repr(max_parallel))}"
         )
     recover = options.get("recover_text_tool_calls", model.startswith(LOCAL_PREFIX))
     if not isinstance(recover, bool):
         raise PlanError(
-            f"model option recover_text_tool_calls must be true or false, got {recover!r}"
+            "model option recover_text_tool_calls must be true or false, "
+            f"got {_shown(repr(recover))}"
         )
     timeout = options.get("timeout", DEFAULT_MODEL_TIMEOUT_S)
     if (
         not isinstance(timeout, int | float)
         or isinstance(timeout, bool)
         or not math.isfinite(timeout)
-        or timeout <= 0
+        or not 0 < timeout <= WEEK_S
     ):
-        raise PlanError(f"model option timeout must be a number of seconds > 0, got {timeout!r}")
+        raise PlanError(
+            f"model option timeout must be a number of seconds > 0 and at most {WEEK_S:g}, "
+            f"got {_shown(repr(timeout))}"
+        )
     return ModelSettings(max_parallel, recover, float(timeout))
 
 
@@ -183,6 +219,7 @@ def _cache_settings(tasks_file: TasksFile, overrides: Overrides) -> CacheSetting
 
 
 def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
+    check_overrides(overrides)
     clashing = sorted(set(overrides.model_options) & SET_BY_MM_BATCH)
     if clashing:  # the files are checked at load; the command line here
         raise PlanError(

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM: valid reports, unfinished runs as errors, exit 130, whatever follows.
+"""SIGINT, SIGTERM and SIGHUP: valid reports, unfinished runs as errors, exit 130, whatever follows.
 
 End to end, `mm-batch run` is a process of its own; the first signal cancels the run, and any
 number of further ones (during the run, during report writing, up to the process's exit)
@@ -92,7 +92,9 @@ def _assert_interrupted(proc: subprocess.Popen[bytes], err: bytes, out: Path, fi
     assert groups and not [g for g in groups if live_members(g)]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"]
+)
 def test_signal_mid_call_keeps_everything(
     sig: signal.Signals, fake_model: Fake, tmp_path: Path
 ) -> None:
@@ -113,18 +115,20 @@ def test_a_second_and_third_sigterm_mid_run_change_nothing(
     _assert_interrupted(proc, err, tmp_path / "out", "SIGTERM")
 
 
-@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "first", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_signals_until_the_process_exits_change_nothing(
     first: signal.Signals, fake_model: Fake, tmp_path: Path
 ) -> None:
-    """After the first, SIGTERM and SIGINT every few ms: through the wind-down, the report
+    """After the first, SIGTERM, SIGINT and SIGHUP every few ms: through the wind-down, the report
     writing and the interpreter's own shutdown, to the very exit."""
     proc = _start(fake_model, tmp_path)
     proc.send_signal(first)
     sent = 0
     while proc.poll() is None:
         try:
-            proc.send_signal((signal.SIGTERM, signal.SIGINT)[sent % 2])
+            proc.send_signal((signal.SIGTERM, signal.SIGINT, signal.SIGHUP)[sent % 3])
         except ProcessLookupError:
             break
         sent += 1
@@ -140,8 +144,9 @@ def test_signals_until_the_process_exits_change_nothing(
 
 @pytest.fixture
 def dispositions() -> Iterator[None]:
-    """Whatever a test leaves installed for SIGINT and SIGTERM, pytest gets its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    """Whatever a test leaves installed for SIGINT, SIGTERM and SIGHUP, pytest gets its own
+    back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
@@ -162,6 +167,19 @@ def test_the_first_signal_cancels_and_later_ones_add_nothing(dispositions: None)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     os.kill(os.getpid(), signal.SIGTERM)  # would end the test process if it were not ignored
     assert received == [signal.SIGTERM]
+
+
+def test_sighup_cancels_like_sigterm(dispositions: None) -> None:
+    """A closed terminal or SSH session interrupts the run; it never kills it unreported."""
+    cancel = threading.Event()
+    received: list[int] = []
+    with cancel_on_signals(cancel, received):
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert cancel.wait(timeout=2)
+        os.kill(os.getpid(), signal.SIGHUP)
+    assert received == [signal.SIGHUP]
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGHUP)  # would end the test process if it were not ignored
 
 
 def test_without_a_signal_the_previous_handlers_come_back(dispositions: None) -> None:

@@ -23,7 +23,7 @@ def compare_folders(base: Path, head: Path, out_dir: Path, alpha: float) -> int:
         if not (math.isfinite(alpha) and 0 < alpha < 1):
             raise ResultsError(f"--alpha {alpha}: must lie between 0 and 1")
         comparison = compare(read_summary(base), read_summary(head), alpha)
-        problem = unwritable(out_dir)
+        problem = unwritable(out_dir, (COMPARE_MD, COMPARE_JSON))
         if problem is not None:
             raise ResultsError(problem)
     folder = ResultsFolder(out_dir)

@@ -1,10 +1,12 @@
-"""SIGINT and SIGTERM during a run: set the cancel event, and let the reports be written.
+"""SIGINT, SIGTERM and SIGHUP during a run: set the cancel event, let the reports be written.
 
-The first signal cancels the run; every later one, until the process exits, changes nothing.
+A closed terminal or SSH session (SIGHUP) interrupts a run as Ctrl-C does (SPEC 7): reports
+written, unfinished runs errors, exit 130; never a death without reports. The first signal
+cancels the run; every later one, until the process exits, changes nothing.
 A handler may run between any two bytecodes of the main thread, so it only records the signal
 and writes a byte to a pipe: a helper thread sets the cancel event (`Event.set` takes a lock the
 interrupted main thread may hold). Once a signal came, the caller's end does not restore the
-default handlers: it ignores both signals until exit, since Python itself puts the defaults
+default handlers: it ignores these signals until exit, since Python itself puts the defaults
 back while it shuts down, which would turn a late signal into a death by signal (143).
 """
 
@@ -18,13 +20,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-CANCELLING = (signal.SIGINT, signal.SIGTERM)
+CANCELLING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
 def cancel_on_signals(cancel: threading.Event, received: list[int]) -> Iterator[None]:
-    """SIGINT and SIGTERM set the cancel event (the first is kept in `received`); any signal
-    received keeps both ignored after the block, until the process exits."""
+    """SIGINT, SIGTERM and SIGHUP set the cancel event (the first is kept in `received`); any
+    signal received keeps them all ignored after the block, until the process exits."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

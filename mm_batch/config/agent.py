@@ -41,7 +41,7 @@ from mm_batch.config.model import (
     WorkspaceMode,
     render_value,
 )
-from mm_batch.config.paths import path_kind, sha256, unusable
+from mm_batch.config.paths import path_kind, program_problem, sha256, unusable
 from mm_batch.config.problems import Problem
 from mm_batch.config.skills import read_skill_folders
 from mm_batch.config.yamlnodes import At, Reader, excerpt
@@ -57,6 +57,7 @@ MAX_SIZE = 1024 * 1024**3  # 1024g: beyond it a size is a typo, not a machine
 MIN_MEMORY = 6 * 1024**2  # Docker refuses a smaller memory limit
 MAX_ID = 2**31 - 1  # uids and gids: 1 to 2147483647
 WEEK_S = 7 * 24 * 3600.0  # no timeout is longer: beyond it threads cannot even wait that long
+MAX_PARALLEL = 1024  # model_options.max_parallel: calls of one model at once
 # Programs that run other programs through their options: a glob over them allows anything.
 RUNS_PROGRAMS = (
     *("git", "find", "env", "xargs", "sudo", "sh", "bash"),
@@ -79,7 +80,7 @@ class _Agent:
 
 def _own_options(reader: Reader, name: str, at: At) -> object:
     if name == "max_parallel":
-        return reader.integer(at, minimum=1, maximum=1024)
+        return reader.integer(at, minimum=1, maximum=MAX_PARALLEL)
     if name == "recover_text_tool_calls":
         return reader.boolean(at)
     return reader.number(at, positive=True, maximum=WEEK_S)
@@ -178,6 +179,11 @@ def _hooks(ctx: _Agent, at: At, _: Fields) -> HooksSpec | None:
     fields = read_fields(ctx, at, (PRE_TOOL_CALL, POST_TOOL_CALL))
     if fields is None:
         return None
+    for key in (PRE_TOOL_CALL, POST_TOOL_CALL):
+        argv, given = fields[key], fields.given(key)
+        problem = program_problem(ctx.directory, argv[0]) if argv else None
+        if problem is not None and given is not None:
+            ctx.reader.problem(given, problem)
     return HooksSpec(pre_tool_call=fields[PRE_TOOL_CALL], post_tool_call=fields[POST_TOOL_CALL])
 
 

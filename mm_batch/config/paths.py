@@ -11,9 +11,11 @@ from typing import Literal
 
 
 def display_path(path: Path) -> str:
-    """The path as a user reads it in a message: relative to the working directory when inside."""
+    """The path as a user reads it in a message: relative to the working directory when inside;
+    a link by its own name (a link to nothing or to a FIFO is what the message is about)."""
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
+        shown = path.parent.resolve() / path.name if path.is_symlink() else path.resolve()
+        return str(shown.relative_to(Path.cwd().resolve()))
     except (ValueError, OSError, RuntimeError):  # outside, or no real path (a link loop)
         return str(path)
 
@@ -29,11 +31,84 @@ def report_path(path: Path, environ: Mapping[str, str] | None = None) -> str:
     return Path(display_path(path)).as_posix()
 
 
-def sha256(path: Path) -> str:
+class NotRegularFileError(OSError):
+    """A path mm-batch reads as a file names something else (SPEC 1): a FIFO, a device, a
+    folder or a socket. Refused before a byte is read, so that reading it can never block."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}, not a regular file: mm-batch reads only regular files")
+        self.what = what
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+# Opening never waits (a FIFO without a writer), never makes a terminal ours, never leaks.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _refuse_unless_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegularFileError(next((w for test, w in _KINDS if test(mode)), "no file"))
+
+
+def open_regular(path: Path) -> int:
+    """A descriptor on the regular file `path` names (links followed), or NotRegularFileError.
+
+    The name is looked at first, so that a device is never opened at all (opening some has
+    effects); then what was opened is looked at again, since the name may have been swapped
+    for a FIFO in between. Reads on the descriptor never block."""
+    _refuse_unless_regular(os.stat(path).st_mode)
+    fd = os.open(path, _OPEN_FLAGS)
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        _refuse_unless_regular(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `path` names: the one way mm-batch reads a
+    file it was given (tasks, agent, SKILL.md, hook and check files). Raises OSError, and
+    NotRegularFileError for a FIFO, a device, a folder or a socket."""
+    fd = open_regular(path)
+    try:
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1024 * 1024))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def sha256(path: Path) -> str:
+    """The digest of a regular file (reports carry it); "" where there is none to take."""
+    try:
+        fd = open_regular(path)
     except OSError:
         return ""
+    digest = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, 1024 * 1024):
+            digest.update(chunk)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
 
 
 PathKind = Literal["file", "folder", "missing", "other"]
@@ -55,3 +130,27 @@ def path_kind(path: Path) -> PathKind | OSError:
 def unusable(exc: OSError) -> str:
     """An OSError about a path, as a message that does not repeat the (maybe huge) path."""
     return f"cannot use this path: {exc.strerror or exc}"
+
+
+def program_problem(directory: Path, program: str) -> str | None:
+    """What is wrong with a hook's or a check's program (argv[0]) when it names a file of the
+    agent's folder (`directory`), which mm-batch reads at start: something there that is not a
+    regular file, or a link to nothing. A name looked up on the PATH, a path outside the folder
+    (a container's own program) or a file not there at all is not judged here."""
+    if "/" not in program or "\x00" in program:
+        return None
+    written = Path(os.path.normpath(directory / program))
+    if directory not in written.parents:
+        return None
+    shown = program if len(program) <= 120 else program[:117] + "..."
+    try:
+        mode = written.stat().st_mode
+    except FileNotFoundError:
+        return f"the program {shown} is a link to nothing" if written.is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    try:
+        _refuse_unless_regular(mode)
+    except NotRegularFileError as exc:
+        return f"the program {shown} is {exc}"
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,10 @@ def read_skill_folders(reader: Reader, at: At, directory: Path) -> tuple[Skill, 
             reader.problem(item, unusable(kind))
             continue
         if kind != "folder":
-            reader.problem(item, f"skills folder not found: {excerpt(rel)}")
+            found = "not found" if kind == "missing" else "not a folder"
+            reader.problem(item, f"skills folder {found}: {excerpt(rel)}")
             continue
-        for path in sorted(folder.glob("*/SKILL.md")):
+        for path in _skill_files(folder):
             if folder not in path.resolve().parents:
                 reader.problem(
                     item,
@@ -67,6 +69,18 @@ def read_skill_folders(reader: Reader, at: At, directory: Path) -> tuple[Skill, 
             seen[skill.name] = Path(display_path(path))
             skills.append(skill)
     return tuple(skills)
+
+
+def _skill_files(folder: Path) -> list[Path]:
+    """Each `<name>/SKILL.md` of a skills folder, whatever it is: a FIFO, a folder or a link to
+    nothing is named by its reader, never skipped or read."""
+    try:
+        names = sorted(entry.name for entry in folder.iterdir())
+    except OSError:
+        return []
+    return [
+        folder / name / "SKILL.md" for name in names if os.path.lexists(folder / name / "SKILL.md")
+    ]
 
 
 def _skill(path: Path, problems: list[Problem]) -> Skill | None:

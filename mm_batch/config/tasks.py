@@ -26,7 +26,7 @@ from mm_batch.config.model import (
     ToolSpec,
     Value,
 )
-from mm_batch.config.paths import path_kind, sha256, unusable
+from mm_batch.config.paths import path_kind, program_problem, sha256, unusable
 from mm_batch.config.yamlnodes import At, Reader, excerpt
 
 TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
@@ -54,10 +54,10 @@ class _Tasks:
             if isinstance(kind, OSError):
                 self.reader.problem(at, unusable(kind))
                 self.agents[path] = None
-            elif kind != "file":
+            elif kind == "missing":
                 self.reader.problem(at, f"agent file not found: {excerpt(rel)}")
                 self.agents[path] = None
-            else:
+            else:  # a folder or a FIFO too: its reader says what it is, and reads none
                 self.agents[path] = self.load_agent(path)
         return self.agents[path]
 
@@ -247,6 +247,10 @@ def _expect(ctx: _Task, at: At, task: Fields) -> Expect | None:
     fields = read_fields(_Expect(ctx.reader, agent), at, EXPECT)
     if fields is None:
         return None
+    check, check_at = fields[CHECK], fields.given(CHECK)
+    problem = program_problem(agent.directory, check[0]) if check else None
+    if problem is not None and check_at is not None:
+        ctx.reader.problem(check_at, problem)
     return Expect(
         calls=fields[CALLS] or (),
         no_calls=fields[NO_CALLS] or (),
@@ -383,7 +387,8 @@ DEFAULT_AGENT: Key[_Tasks, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.ag
 MODELS = scalar("models", _models)
 MAX_REPEAT = 1000
 REPEAT = scalar("repeat", lambda r, at: r.integer(at, minimum=1, maximum=MAX_REPEAT))
-JOBS = scalar("jobs", lambda r, at: r.integer(at, minimum=1, maximum=1024))
+MAX_JOBS = 1024
+JOBS = scalar("jobs", lambda r, at: r.integer(at, minimum=1, maximum=MAX_JOBS))
 MIN_PASS_RATE = scalar("min_pass_rate", _min_pass_rate)
 CACHE: Key[_Tasks, Path] = Key("cache", _cache)
 CACHE_MODE: Key[_Tasks, CacheMode] = Key("cache_mode", _cache_mode)  # after cache: it needs one

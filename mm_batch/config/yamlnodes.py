@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from yaml.resolver import Resolver
 
+from mm_batch.config.paths import read_regular
 from mm_batch.config.problems import Problem
 
 _STR = "tag:yaml.org,2002:str"
@@ -132,10 +133,10 @@ class Reader:
         self.problems.append(Problem(self.file, line, key_path, message))
 
     def read_text(self, path: Path) -> str | None:
-        """A file's text, refusing files over MAX_FILE_BYTES before reading them whole."""
+        """A file's text, refusing files over MAX_FILE_BYTES before reading them whole, and
+        anything but a regular file (a FIFO would block the read forever)."""
         try:
-            with path.open("rb") as stream:
-                data = stream.read(MAX_FILE_BYTES + 1)
+            data = read_regular(path, MAX_FILE_BYTES + 1)
         except FileNotFoundError:
             self.problems.append(Problem(self.file, 1, "", "file not found"))
             return None

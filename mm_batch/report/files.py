@@ -27,10 +27,25 @@ _FILE_MODE = 0o666  # less the umask, like any file the user writes
 _NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def unwritable(directory: Path) -> str | None:
-    """Why results cannot be written in `directory`, or None if they can; creates nothing."""
+def _dangling(link: Path) -> bool:
+    """Whether a link points to nothing (a loop of links is said where the path is resolved)."""
+    try:
+        link.resolve(strict=True)
+    except FileNotFoundError:
+        return True
+    except (OSError, RuntimeError):
+        return False
+    return False
+
+
+def unwritable(directory: Path, names: Collection[str] = OUTPUT_FILES) -> str | None:
+    """Why results (the files `names`) cannot be written in `directory`, or None if they can;
+    creates nothing. Everything `ResultsFolder` would trip on is found here, before anything
+    runs: a file or a link to nowhere on the way, a folder where a report goes."""
     existing = directory
     while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink() and _dangling(existing):  # `mkdir` cannot make a folder there
+            return f"--out {directory}: {existing} is a link to nothing: results cannot go there"
         existing = existing.parent  # the folder that `mkdir(parents=True)` would create in
     try:
         if not existing.is_dir():
@@ -39,6 +54,14 @@ def unwritable(directory: Path) -> str | None:
             pass
     except OSError as exc:
         return f"--out {directory}: results cannot be written there ({exc.strerror or exc})"
+    if existing == directory:
+        for name in names:  # each is replaced by a rename, or removed: a folder cannot be
+            with contextlib.suppress(OSError):
+                if stat.S_ISDIR(os.lstat(directory / name).st_mode):
+                    return (
+                        f"--out {directory}: {name} there is a folder, where mm-batch writes "
+                        "its report: move it away or choose another --out"
+                    )
     return None
 
 

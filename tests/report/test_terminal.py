@@ -201,7 +201,7 @@ def test_run_help_lists_the_exit_codes(cli: Cli) -> None:
     start = help_lines.index("Exit codes:")
     codes = [int(line.split()[0]) for line in help_lines[start + 1 : start + 7]]
     assert codes == sorted(int(c) for c in ExitCode)  # one line each, kept as written
-    assert "130  interrupted by SIGINT or SIGTERM; the reports are written" in help_lines
+    assert "130  interrupted by SIGINT, SIGTERM or SIGHUP; the reports are written" in help_lines
 
 
 # --- on a real pseudo-terminal -------------------------------------------------------------
