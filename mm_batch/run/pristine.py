@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm_batch.config.model import TaskSpec
+from mm_batch.config.paths import read_regular
 from mm_batch.run.ports import PinnedProgram
 
 MAX_PRISTINE_BYTES = 64 * 1024 * 1024  # a hook or check file larger than this is refused
@@ -161,7 +162,13 @@ class Pristine:
         if path is None:
             return None
         try:
-            self.contents.setdefault(path, path.read_bytes())
+            if path not in self.contents:
+                # Read as every given file is: a FIFO swapped in after `_under` looked is
+                # refused, never waited on (SPEC 1).
+                content = read_regular(path, MAX_PRISTINE_BYTES + 1)
+                if len(content) > MAX_PRISTINE_BYTES:
+                    return None
+                self.contents[path] = content
         except OSError:
             return None
         self.named[key] = path

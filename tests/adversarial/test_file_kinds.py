@@ -13,6 +13,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -283,3 +284,27 @@ def test_a_value_within_the_bounds_plans(cli: Cli, tmp_path: Path, args: list[st
     project = _project(tmp_path)
     result = cli("plan", project / "tasks.yaml", *args, cwd=project)
     assert result.code == 0, (args, result.err)
+
+
+def test_a_fifo_swapped_in_after_the_look_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files read at start (hooks, checks, tool programs): a name that was a file when
+    looked at and is a FIFO when read is refused, never waited on."""
+    from mm_batch.run import pristine
+
+    fifo = tmp_path / "verify.sh"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(pristine, "_under", lambda *_args: fifo)  # it looked like a file
+    read: list[Path | None] = []
+    reader = threading.Thread(
+        target=lambda: read.append(pristine.Pristine()._read(tmp_path, "./verify.sh")),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(timeout=5)
+    if reader.is_alive():  # let the stuck reader go before failing
+        with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "wb"):
+            pass
+        pytest.fail("reading the files of the run's start waited on a FIFO")
+    assert read == [None]
