@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from mm_batch.config.paths import NotRegularFileError, open_regular
 from mm_batch.errors import UsageError
 from mm_batch.report.calls_log import record_lines
 from mm_batch.report.files import CALLS, JUNIT, SUMMARY_JSON
@@ -102,12 +104,17 @@ def read_text(path: Path) -> str:
     if path.is_symlink():
         raise ResultsError(f"{path}: a symbolic link, not a results file: refused")
     try:
-        size = path.stat().st_size
-        if size > RESULTS_FILE_LIMIT:
-            raise ResultsError(
-                f"{path}: {size} bytes, over the {RESULTS_FILE_LIMIT} a results file may hold"
-            )
-        return path.read_text(encoding="utf-8")
+        # Never through a link, never a FIFO or a device (each read could wait for ever).
+        fd = open_regular(path, follow=False)
+        with os.fdopen(fd, "rb") as handle:
+            size = os.fstat(fd).st_size
+            if size > RESULTS_FILE_LIMIT:
+                raise ResultsError(
+                    f"{path}: {size} bytes, over the {RESULTS_FILE_LIMIT} a results file may hold"
+                )
+            return handle.read(RESULTS_FILE_LIMIT + 1).decode("utf-8")
+    except NotRegularFileError as exc:
+        raise ResultsError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ResultsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except MemoryError:

@@ -59,14 +59,15 @@ def _refuse_unless_regular(mode: int) -> None:
         raise NotRegularFileError(next((w for test, w in _KINDS if test(mode)), "no file"))
 
 
-def open_regular(path: Path) -> int:
-    """A descriptor on the regular file `path` names (links followed), or NotRegularFileError.
+def open_regular(path: Path, *, follow: bool = True) -> int:
+    """A descriptor on the regular file `path` names, or NotRegularFileError; with `follow`
+    False, a link in its place is an OSError (ELOOP) too.
 
     The name is looked at first, so that a device is never opened at all (opening some has
     effects); then what was opened is looked at again, since the name may have been swapped
     for a FIFO in between. Reads on the descriptor never block."""
-    _refuse_unless_regular(os.stat(path).st_mode)
-    fd = os.open(path, _OPEN_FLAGS)
+    _refuse_unless_regular(os.stat(path, follow_symlinks=follow).st_mode)
+    fd = os.open(path, _OPEN_FLAGS if follow else _OPEN_FLAGS | os.O_NOFOLLOW)
     try:
         _refuse_unless_regular(os.fstat(fd).st_mode)
     except BaseException:

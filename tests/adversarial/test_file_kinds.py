@@ -308,3 +308,30 @@ def test_a_fifo_swapped_in_after_the_look_is_refused_at_start(
             pass
         pytest.fail("reading the files of the run's start waited on a FIFO")
     assert read == [None]
+
+
+def test_a_results_file_that_became_a_fifo_is_refused(tmp_path: Path) -> None:
+    """merge, compare and --rerun-failed read results folders from anywhere: a file of one
+    that is a FIFO when it is read (whatever it was when looked at) is refused, unread."""
+    from mm_batch.commands.results import ResultsError, read_text
+
+    fifo = tmp_path / "summary.json"
+    os.mkfifo(fifo)
+    outcome: list[str] = []
+
+    def read() -> None:
+        try:
+            read_text(fifo)
+        except ResultsError as exc:
+            outcome.append(str(exc))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    if reader.is_alive():  # let the stuck reader go before failing
+        with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "wb"):
+            pass
+        pytest.fail("reading a results file waited on a FIFO")
+    assert outcome == [
+        f"{fifo}: a FIFO (named pipe), not a regular file: mm-batch reads only regular files"
+    ]
