@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from mm_batch.config.paths import NotRegularFileError, open_regular
+from mm_batch.config.tasks import WEEK_S
 from mm_batch.errors import UsageError
 from mm_batch.report.calls_log import record_lines
 from mm_batch.report.files import CALLS, JUNIT, SUMMARY_JSON
@@ -46,6 +47,12 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# No run lasts longer than its timeout (a week at most) and the grace after it; no batch spends
+# more than this. Bounded, a merge's sums of a thousand folders stay finite numbers JSON can hold.
+MAX_RUN_SECONDS = 2 * WEEK_S
+MAX_USD = 1e9
+
+
 def _is_run(run: object) -> bool:
     return (
         isinstance(run, dict)
@@ -57,7 +64,7 @@ def _is_run(run: object) -> bool:
         and all(isinstance(run[k], str) for k in ("run", "task", "model", "reason"))
         and run["status"] in ("passed", "failed", "error")
         and is_number(run["duration_s"])
-        and run["duration_s"] >= 0
+        and 0 <= run["duration_s"] <= MAX_RUN_SECONDS
         and run["run"] == f"{run['task']}[{run['model']}]#{run['repeat']}"
         and isinstance(run.get("rerun", False), bool)
         # Absent from results written before they were counted, null where unknown.
@@ -71,7 +78,7 @@ def _is_count(value: object) -> bool:
 
 
 def _is_usd(value: object) -> bool:
-    return value is None or (is_number(value) and value >= 0)
+    return value is None or (is_number(value) and 0 <= value <= MAX_USD)
 
 
 def _is_summary(data: object) -> bool:

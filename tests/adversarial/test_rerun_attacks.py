@@ -306,6 +306,26 @@ def test_a_duplicate_run_id_in_summary_is_refused(
     _assert_refused(cli, fake_model, base, BETA)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("duration_s", 1.7e308), ("duration_s", 1e7), ("cost_usd", 1.7e308), ("cost_usd", 1e10)],
+)
+def test_a_run_too_long_or_too_costly_to_have_happened_is_refused_by_rerun_and_merge(
+    cli: Cli, fake_model: Fake, tmp_path: Path, key: str, value: float
+) -> None:
+    """Finite but beyond any run (a timeout is a week at most): summed over runs it overflows
+    to infinity, which no JSON can hold; a clean usage error, never a traceback (exit 4)."""
+    base = _failed_beta(cli, fake_model, tmp_path)
+    data = _summary(base)
+    for run in data["runs"]:
+        run[key] = value
+    _put_summary(base, data)
+    _assert_refused(cli, fake_model, base, "summary.json")
+    merged = cli("merge", base, "--out", tmp_path / "merged")
+    assert merged.code == 2, (merged.code, merged.err[-3000:])
+    assert "summary.json" in merged.err and "Traceback" not in merged.err
+
+
 def test_an_index_clash_is_refused_or_never_written_on(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
