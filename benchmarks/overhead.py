@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mm_batch.config.model import ParamSpec, ToolSpec
-from mm_batch.effects.host import HostExecutor, host_environment
+from mm_batch.effects.environment import host_environment
+from mm_batch.effects.host import HostExecutor
 from mm_batch.tools.declared import ValidCall, validate_call
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,7 +23,15 @@ from mm_batch.config.model import AgentConfig
 
 MIN_SECRET_LENGTH = 6
 MASK = "***"
+# A provider that redacts a key itself still quotes its ends (`sk-live-ab****...ijkl`): an end
+# of a secret this long, next to such a redaction, is masked too.
+FRAGMENT = 4
+_REDACTION = re.compile(r"\*{2,}|\.{3,}|\u2026+|\u2022{2,}")
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# Model options only: a header that carries a credential, and keys that count tokens.
+_AUTH_NAME = re.compile(r"AUTHORIZATION|COOKIE", re.IGNORECASE)
+_COUNT_NAME = re.compile(r"TOKENS$", re.IGNORECASE)
+_SCHEME = re.compile(r"^\s*(?:Bearer|Basic|Token|Digest)\s+(\S.*?)\s*$", re.IGNORECASE)
 _REPLACEMENT = "\ufffd"  # what decoding leaves of a character a capture's cut split
 
 # Text whose secrets are masked. Only `Masker.text` (and the cuts below, from a `Masked`) make
@@ -46,6 +54,11 @@ class Masker:
         forms = {form for s in given for form in _written_forms(s)}
         values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
+        # Every run of FRAGMENT characters of a secret: what a redaction's neighbour must hold to
+        # be worth a closer look (see `_fragment_spans`).
+        self._grams = frozenset(
+            v[i : i + FRAGMENT] for v in values for i in range(len(v) - FRAGMENT + 1)
+        )
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -128,6 +141,7 @@ class Masker:
             while start >= 0:
                 found.append((start, start + len(secret)))
                 start = text.find(secret, start + 1)
+        found.extend(self._fragment_spans(text))
         if not found:
             return []
         found.sort()
@@ -139,6 +153,22 @@ class Masker:
             else:
                 merged.append((start, end))
         return merged
+
+    def _fragment_spans(self, text: str) -> list[tuple[int, int]]:
+        """The beginning of a secret just before a redaction, and its end just after one, when
+        FRAGMENT or more characters long: what a provider's own masking leaves of a key."""
+        found: list[tuple[int, int]] = []
+        for redaction in _REDACTION.finditer(text):
+            start, end = redaction.span()
+            if text[max(start - FRAGMENT, 0) : start] in self._grams:
+                longest = max(_overlap(text[:start], s, FRAGMENT) for s in self._secrets)
+                if longest:
+                    found.append((start - longest, start))
+            if text[end : end + FRAGMENT] in self._grams:
+                longest = max(_underlap(text[end:], s, FRAGMENT) for s in self._secrets)
+                if longest:
+                    found.append((end, end + longest))
+        return found
 
     def _open_tail(self, text: str) -> int:
         """How many last characters of a cut text may begin a secret: the longest end that is a
@@ -161,31 +191,56 @@ def _written_forms(secret: str) -> set[str]:
     return forms
 
 
-def _overlap(text: str, secret: str) -> int:
-    """The length of the longest end of `text` that is a proper beginning of `secret`."""
-    for n in range(min(len(secret) - 1, len(text)), 0, -1):
+def _overlap(text: str, secret: str, least: int = 1) -> int:
+    """The length of the longest end of `text` that is a proper beginning of `secret` (0 when
+    shorter than `least`)."""
+    for n in range(min(len(secret) - 1, len(text)), least - 1, -1):
         if text.endswith(secret[:n]):
             return n
     return 0
 
 
+def _underlap(text: str, secret: str, least: int) -> int:
+    """The length of the longest beginning of `text` that is a proper end of `secret` (0 when
+    shorter than `least`)."""
+    for n in range(min(len(secret) - 1, len(text)), least - 1, -1):
+        if text.startswith(secret[-n:]):
+            return n
+    return 0
+
+
 def option_secrets(options: Mapping[str, Any]) -> list[str]:
-    """The text values of model options whose key names a key, token, secret or password
-    (`api_key`), at any depth (`extra_headers: {x-api-key: ...}`): secrets wherever the options
-    come from (SPEC 7). Numbers and booleans are limits and switches (`max_tokens`), not
-    credentials."""
+    """The values of model options whose key names a key, token, secret or password (`api_key`),
+    or an authorization header, at any depth (`extra_headers: {x-api-key: ...}`): secrets
+    wherever the options come from (SPEC 7). A number is one too (`--model-option
+    api_key=98765432101234` reads as an integer), except under a key that counts tokens
+    (`max_tokens`): a limit, not a credential. A header's scheme (`Bearer sk-...`) is kept apart,
+    so that the credential alone is masked wherever it shows."""
     found: list[str] = []
-    stack: list[tuple[Any, bool]] = [(options, False)]
+    stack: list[tuple[Any, str | None]] = [(options, None)]
     while stack:
         value, named = stack.pop()
         if isinstance(value, str):
-            if named:
+            if named is not None:
                 found.append(value)
+                scheme = _SCHEME.match(value)
+                if scheme:
+                    found.append(scheme.group(1))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            if named is not None and not _COUNT_NAME.search(named):
+                found.append(str(value))
         elif isinstance(value, Mapping):
-            stack.extend((v, named or secret_name(str(k))) for k, v in value.items())
+            stack.extend(
+                (v, named if named is not None else _option_secret_name(str(k)))
+                for k, v in value.items()
+            )
         elif isinstance(value, list | tuple):
             stack.extend((v, named) for v in value)
     return found
+
+
+def _option_secret_name(key: str) -> str | None:
+    return key if secret_name(key) or _AUTH_NAME.search(key) else None
 
 
 def masker_of(

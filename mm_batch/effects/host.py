@@ -16,14 +16,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mm_batch.effects.environment import host_environment, service_environment
 from mm_batch.effects.watchdog import Watchdog, current_watchdog
 from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
 DRAIN_S = 0.5  # after the group is killed, how long output still held open by an escapee is read
-_ENV_PASSED = ("PATH", "HOME", "LANG", "TZ")
-_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _READ_CHUNK = 65536
 
 
@@ -48,15 +47,18 @@ class Sink:
         return Captured(b"".join(self.chunks), self.total)
 
 
-def host_environment(
-    extra: Mapping[str, str], source: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """PATH, HOME, LANG, TZ from mm-batch's environment plus the tool's own: nothing else leaks."""
-    environ = os.environ if source is None else source
-    env = {k: environ[k] for k in _ENV_PASSED if k in environ}
-    env.setdefault("PATH", _DEFAULT_PATH)
-    env.update(extra)
-    return env
+def hide_own_process() -> None:
+    """Make mm-batch's own process unreadable to the tools it starts on the host: not dumpable,
+    /proc/<pid>/environ (its secrets) and its memory are closed to processes of the same user
+    (root's still reach them: the host is no sandbox). Linux only; elsewhere nothing changes."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+_PR_SET_DUMPABLE = 4
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -70,6 +72,7 @@ class HostExecutor:
     where = "host"
 
     def __init__(self, log_limit: int = LOG_LIMIT) -> None:
+        hide_own_process()
         self.log_limit = log_limit
         self._protected: Path | None = None
         self._program_copies: dict[tuple[Path, bytes], str] = {}
@@ -326,6 +329,7 @@ def start_service(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env=service_environment("LLAMA_", "GGML_", "OMP_", "LD_LIBRARY_PATH", "CUDA_", "HIP_"),
             preexec_fn=_die_with_parent,  # noqa: PLW1509 (called from the main thread, before runs)
         )
 

@@ -274,6 +274,9 @@ class Watchdog:
     @classmethod
     def spawn(cls, owner: int, containers: bool, host: str | None = None) -> Watchdog:
         """Start a watchdog of the process `owner` (raises OSError when it cannot start)."""
+        # Here, not at the top: this file also runs alone, as the watchdog, without mm_batch.
+        from mm_batch.effects.environment import service_environment
+
         # Records keep their bounds (one message, its pidfd); the end closes as its holder dies.
         # Not inherited: only mm-batch holds its end, so no command keeps the watchdog waiting.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -294,6 +297,7 @@ class Watchdog:
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 close_fds=True,
+                env=service_environment("DOCKER_"),  # the engine's address; no secret
                 cwd="/",  # hold no directory of the run
             )
         except OSError:

@@ -161,6 +161,33 @@ def test_a_cut_inside_a_multibyte_character_of_a_secret_leaks_no_prefix() -> Non
         assert leaked(secret, masker.text(broken, cut=True)) == [], cut
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.data(),
+    st.text(
+        alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=9, max_size=80
+    ),
+    st.sampled_from(["*" * 16, "****", "...", "\u2026", "\u2022\u2022\u2022"]),
+)
+def test_what_a_provider_leaves_of_a_key_it_redacted_itself_is_masked(
+    data: st.DataObject, secret: str, redaction: str
+) -> None:
+    """`Incorrect API key provided: sk-live-ab****ijkl`: the key's two ends, each 4 characters
+    or more, quoted around the provider's own redaction, are masked too."""
+    assume("*" not in secret and "." not in secret and "\u2026" not in secret)
+    shown_head = data.draw(st.integers(4, len(secret) - 4))
+    shown_tail = data.draw(st.integers(4, len(secret) - shown_head))
+    quoted = f"{secret[:shown_head]}{redaction}{secret[-shown_tail:]}"
+    message = f"Incorrect API key provided: {quoted}. You can find your key at the console."
+    assert leaked(secret, Masker([secret]).text(message)) == []
+
+
+def test_a_redaction_next_to_text_of_no_secret_is_left_alone() -> None:
+    masker = Masker(["sk-live-abcdefghijkl"])
+    text = "rating ***** stars... and more*** of it"
+    assert masker.text(text) == text
+
+
 # --- which values are secrets ---------------------------------------------------------------
 
 
@@ -176,6 +203,22 @@ def test_model_options_named_as_secrets_are_secrets_at_any_depth() -> None:
     }
     found = set(option_secrets(options))
     assert found == {"sk-live-123456", "hdr-secret-9", "kid-0001", "AKIA-SECRET-1", "hunter22"}
+
+
+def test_a_number_given_as_a_key_is_a_secret_and_a_token_count_is_not() -> None:
+    """`--model-option api_key=98765432101234` reads as an integer: still the key."""
+    options = {"api_key": 98765432101234, "max_tokens": 100000, "max_completion_tokens": 4096}
+    assert option_secrets(options) == ["98765432101234"]
+    masker = masker_of([], [options])
+    assert masker.text("dynamic_api_key=98765432101234 max_tokens=100000") == (
+        f"dynamic_api_key={MASK} max_tokens=100000"
+    )
+
+
+def test_an_authorization_header_and_its_credential_alone_are_secrets() -> None:
+    options = {"extra_headers": {"Authorization": "Bearer abcdef123456", "Cookie": "sid=xyz987"}}
+    assert set(option_secrets(options)) == {"Bearer abcdef123456", "abcdef123456", "sid=xyz987"}
+    assert Masker(option_secrets(options)).text("token abcdef123456 seen") == f"token {MASK} seen"
 
 
 def test_a_run_masks_the_command_lines_model_options() -> None:

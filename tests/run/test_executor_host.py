@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_batch.effects.host import LOG_LIMIT, HostExecutor, host_environment
+from mm_batch.effects.environment import host_environment
+from mm_batch.effects.host import LOG_LIMIT, HostExecutor
 from mm_batch.run.ports import ExecResult
 
 PY = sys.executable
