@@ -396,6 +396,13 @@ def _dash_problems(tool: ToolSpec, values: dict[str, Value], masker: Masker) -> 
         rendered = _render_entry(entry, values)
         if rendered is None or not rendered.text.startswith("-"):
             continue
+        bare = _bare_option(entry, values)
+        if bare:
+            problems.append(
+                f"{', '.join(bare)}: the empty value would leave the argv entry "
+                f"{_shown(entry, masker)} as the bare option {_shown(rendered.text, masker)}, "
+                "and the program would read the next argv entry as its value"
+            )
         for name in rendered.openers:
             param = tool.param(name)
             if param is None or param.allow_dash:
@@ -565,6 +572,18 @@ def _quoted(sent: Masked) -> str:
     if len(sent) <= QUOTE_LIMIT:
         return sent
     return f"{head(sent, QUOTE_LIMIT)} [... {len(sent) - QUOTE_LIMIT} more characters cut ...]"
+
+
+def _bare_option(entry: str, values: dict[str, Value]) -> list[str]:
+    """The parameters whose empty values leave an option entry with no value of its own
+    (`-o{{out}}` as `-o`, `--{{name}}` as `--`): the program would read the next entry as its
+    value, or as no option at all."""
+    if not entry.startswith("-") or "=" in entry:
+        return []
+    names = [m.group(1).strip() for m in PLACEHOLDER_RE.finditer(entry)]
+    if not names or any(render_value(values[n]) for n in names):
+        return []
+    return names
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,17 @@ def _tool(templates: list[str], allow_dash: bool) -> ToolSpec:
     return ToolSpec("t", "", params, ("prog", *templates), Path())
 
 
+def _bare(template: str, values: dict[str, str]) -> bool:
+    """An option entry (`-o{{out}}`, no `=`) whose values are all empty: a bare option."""
+    names = [n for n in NAMES if f"{{{{{n}}}}}" in template]
+    return (
+        template.startswith("-")
+        and "=" not in template
+        and bool(names)
+        and not any(values[n] for n in names)
+    )
+
+
 def _rendered(template: str, values: dict[str, str]) -> str:
     for name, value in values.items():
         template = template.replace(f"{{{{{name}}}}}", value)
@@ -105,9 +116,12 @@ def test_an_entry_begins_with_a_dash_only_where_its_template_does(
         for t in templates
         if _rendered(t, values).startswith("-") and not _literal_start(t).startswith("-")
     ]
-    if injected:
+    bare = [t for t in templates if _bare(t, values)]
+    if injected or bare:
         assert isinstance(result, InvalidCall), (templates, values)
-        assert all("read it as an option" in p for p in result.problems), result.problems
+        assert all(
+            "read it as an option" in p or "the bare option" in p for p in result.problems
+        ), result.problems
         return
     assert isinstance(result, ValidCall), (templates, values, result)
     assert result.argv == ("prog", *(_rendered(t, values) for t in templates))
@@ -124,8 +138,33 @@ def test_allow_dash_lets_any_value_begin_its_entry(
     templates: list[str], values: dict[str, str]
 ) -> None:
     result = validate_call(_tool(templates, allow_dash=True), json.dumps(values))
+    if any(_bare(t, values) for t in templates):  # not a dash a value makes: the option's own
+        assert isinstance(result, InvalidCall), result
+        assert all("the bare option" in p for p in result.problems), result.problems
+        return
     assert isinstance(result, ValidCall), result
     assert result.argv == ("prog", *(_rendered(t, values) for t in templates))
+
+
+@pytest.mark.parametrize(
+    ("template", "bare"), [("-o{{out}}", "-o"), ("--out{{out}}", "--out"), ("--{{out}}", "--")]
+)
+def test_an_empty_value_that_leaves_an_option_bare_is_invalid(template: str, bare: str) -> None:
+    """`-o{{out}}` with "" would be `-o`, and `-o` would take the next entry as its value."""
+    tool = ToolSpec(
+        "w",
+        "",
+        (ParamSpec("out", "string", "", True), ParamSpec("input", "string", "", True)),
+        ("write", template, "{{input}}"),
+        Path(),
+    )
+    result = validate_call(tool, '{"out": "", "input": "data.txt"}')
+    assert isinstance(result, InvalidCall), result
+    assert result.problems == (
+        f'out: the empty value would leave the argv entry "{template}" as the bare option '
+        f'"{bare}", and the program would read the next argv entry as its value',
+    )
+    assert isinstance(validate_call(tool, '{"out": "x.txt", "input": "data.txt"}'), ValidCall)
 
 
 # -- coercion: the number sent, or invalid ---------------------------------------------------
