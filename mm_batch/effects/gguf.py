@@ -16,8 +16,9 @@ from mm_batch.config.local_catalog import LocalModel
 from mm_batch.errors import UsageError
 
 LOCAL_EXTRA_HINT = (
-    "pip install 'mm-batch[local]' (on these machines with CMAKE_ARGS=\"-DGGML_NATIVE=OFF "
-    '-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF")'
+    "pip install 'mm-batch[local]' (for a build that other machines reuse, such as a CI "
+    'cache, add CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
+    '-DGGML_AVX512=OFF")'
 )
 
 
