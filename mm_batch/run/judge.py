@@ -156,13 +156,23 @@ def judge(
     return checks
 
 
+# The checks that witness something that happened during the run, before it ended: a loop, a
+# limit or an unfinished turn ends the run, so whatever these found came first. The reason a
+# run failed leads with them: a refusal is the cause of the loop of retries it led to.
+_DURING_THE_RUN = frozenset({"no_unexpected_refusal"})
+
+
 def verdict(error: str | None, failure: str | None, checks: Sequence[Check]) -> tuple[Status, str]:
-    """error (could not be judged) > failed (the loop or a check) > passed."""
+    """error (could not be judged) > failed (the loop or a check) > passed. A failure's reason
+    is its first cause, then what it led to: `<refusal>; then <loop detector: ...>`."""
     if error is not None:
         return "error", error
-    if failure is not None:
-        return "failed", failure
     unmet = [c for c in checks if not c.ok]
+    causes = [c for c in unmet if c.name in _DURING_THE_RUN]
+    first = "; ".join(f"{c.name}: {c.detail}" for c in causes)
+    if failure is not None:
+        return "failed", f"{first}; then {failure}" if first else failure
     if unmet:
-        return "failed", "; ".join(f"{c.name}: {c.detail}" for c in unmet)
+        rest = [c for c in unmet if c.name not in _DURING_THE_RUN]
+        return "failed", "; ".join(f"{c.name}: {c.detail}" for c in [*causes, *rest])
     return "passed", ""

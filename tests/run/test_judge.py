@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -197,3 +198,40 @@ def test_a_list_of_values_is_shown_as_written() -> None:
     expect = Expect(calls=(CallExpectation("status", {"service": AnyOf(("billing", "Billing"))}),))
     [check] = judge(expect, [], None, None)
     assert check.detail.startswith('expected status {"service": ["billing", "Billing"]}; ')
+
+
+# -- the headline reason: the first cause, then what it led to --------------------------------
+
+REFUSED = "refused: deploy with env=prod is not on this run's allowlist"
+ENDINGS = st.sampled_from(
+    [
+        "loop detector: deploy asked for 3 times in a row with the same arguments",
+        "task timeout (30 s) reached",
+        "max_turns (20) reached without a final answer",
+        "the final answer was cut by the model's token limit (finish_reason: length)",
+    ]
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ending=st.one_of(st.none(), ENDINGS),
+    refusals=st.integers(1, 3),
+    others=st.lists(st.sampled_from(["calls[0]", "exit_code", "answer_contains:x"]), max_size=3),
+)
+def test_a_refusal_leads_the_reason_before_what_it_led_to(
+    ending: str | None, refusals: int, others: list[str]
+) -> None:
+    """A refusal happens during the run; a loop, a timeout or a check is judged at its end: the
+    refusal is the first cause, whatever came after it, and what came after still shows."""
+    records = [replace(tool("deploy", "refused"), reason=REFUSED) for _ in range(refusals)]
+    checks = [Check(name, False, "unmet") for name in others]
+    checks += judge(None, records, None, None)
+    status, reason = verdict(None, ending, checks)
+    assert status == "failed"
+    assert reason.startswith(f"no_unexpected_refusal: {REFUSED}")
+    if ending is not None:
+        assert reason.endswith(f"; then {ending}")
+    else:
+        for name in others:
+            assert f"{name}: unmet" in reason
