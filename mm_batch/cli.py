@@ -242,10 +242,8 @@ Exit codes:
 @RERUN_OPTION
 def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
-    from mm_batch.effects.litellm import start_litellm_import
-
-    # Before anything else: its seconds of import overlap loading, planning and starting up.
-    start_litellm_import()
+    # litellm is imported once the plan shows a model that needs it (none for `local/` ones):
+    # see `commands.effects.default_effects`.
     from mm_batch.commands import run as command
 
     sys.exit(command.run(tasks_file, _overrides(**options), out_dir, rerun_from=rerun_from))

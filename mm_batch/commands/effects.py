@@ -1,4 +1,5 @@
-"""The production effects of a run: litellm clients, and host or Docker executors."""
+"""The production effects of a run: model clients (litellm's, and the local models' own,
+which never imports litellm), and host or Docker executors."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ import click
 
 from mm_batch.config.local_catalog import local_model
 from mm_batch.config.secrets import Masker, masker_of
-from mm_batch.effects.cache import cache_use, install, open_folder, uninstall
+from mm_batch.effects.cache import FolderCache, cache_use, install, open_folder, uninstall
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
-from mm_batch.effects.litellm import DEADLINE_REASON, LiteLLMClient, load_litellm
+from mm_batch.effects.litellm import LiteLLMClient, load_litellm, start_litellm_import
 from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerError
+from mm_batch.effects.llama_client import CachedClient, LlamaClient, check_entry
 from mm_batch.effects.mcp import McpHttpClient
+from mm_batch.effects.model_calls import DEADLINE_REASON
 from mm_batch.effects.watchdog import start_watchdog
 from mm_batch.plan import Plan, RunSpec
+from mm_batch.report.files import ResultsFolder
 from mm_batch.run.batch import Effects
 from mm_batch.run.ports import (
     Executor,
@@ -114,11 +118,16 @@ class _Tracked:
 
 class _LocalServers:
     """One llama-server per local model of the plan, started before the runs, stopped after;
-    they take turns on the CPU."""
+    they take turns on the CPU. Each is asked by mm-batch's own client (`LlamaClient`), with
+    the response cache around it when the run has one (`CachedClient`): no litellm."""
 
-    def __init__(self, plan: Plan, masker: Masker) -> None:
+    def __init__(self, plan: Plan, masker: Masker, cache_folder: ResultsFolder | None) -> None:
         self.cache = plan.cache
         self.masker = masker
+        # The folder litellm's cache uses too, when other models are in the plan: one format.
+        self.store = (
+            None if cache_folder is None else FolderCache(cache_folder, check_entry, masker)
+        )
         self.servers: dict[str, LlamaServer] = {}
         self.failures: dict[str, str] = {}
         self.turns = CpuTurns()
@@ -151,14 +160,20 @@ class _LocalServers:
             raise ModelError(self.failures[spec.model])
         server = self.servers[spec.model]
         options = {"max_tokens": MAX_TOKENS, **spec.model_options, "api_base": server.url}
-        client = LiteLLMClient(
-            f"hosted_vllm/{server.model.name}",
+        client = LlamaClient(
+            server.url,
+            server.model.name,
             options,
             masker=self.masker,
             timeout=spec.settings.timeout,
-            cache=cache_use(self.cache, spec.repeat),
         )
-        return _LocalClient(client, server, self.turns)
+        local = _LocalClient(client, server, self.turns)
+        use = cache_use(self.cache, spec.repeat)
+        if self.store is None or use is None:
+            return local
+        # Keyed as when litellm asked the server (`hosted_vllm/`): a folder written then is
+        # read now. A hit waits for no turn on the CPU.
+        return CachedClient(local, self.store, use, f"hosted_vllm/{server.model.name}", options)
 
     def stop_all(self) -> None:
         for server in self.servers.values():
@@ -166,10 +181,10 @@ class _LocalServers:
 
 
 class _LocalClient:
-    """A litellm client of a local server, asked in its server's turn on the CPU: when the
-    server died, say so instead of retrying."""
+    """A client of a local server, asked in its server's turn on the CPU: when the server
+    died, say so instead of retrying."""
 
-    def __init__(self, client: LiteLLMClient, server: LlamaServer, turns: CpuTurns) -> None:
+    def __init__(self, client: ModelClient, server: LlamaServer, turns: CpuTurns) -> None:
         self._client = client
         self._server = server
         self._turns = turns
@@ -210,12 +225,21 @@ def _local_slots(plan: Plan) -> dict[str, int]:
     return {m: max(1, min(n, plan.jobs, limits.get(m, n))) for m, n in counts.items()}
 
 
+def needs_litellm(plan: Plan) -> bool:
+    """Whether a run of the plan asks a model through litellm: any but a `local/` one."""
+    return any(local_model(run.model) is None for run in plan.runs)
+
+
 def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> Effects:
-    """litellm clients (one per model and options, local models through their own server);
-    the host executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the
-    response cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
+    """Model clients (litellm's, one per model and options; local models through their own
+    server and client, and litellm imported only when another model needs it); the host
+    executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the response
+    cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
     if masker is None:  # what `run` masks: its agents' secrets, and every run's options'
         masker = masker_of(plan.tasks_file.agents, (r.model_options for r in plan.runs))
+    litellm_used = needs_litellm(plan)
+    if litellm_used:  # its seconds of import overlap all that follows
+        start_litellm_import()
     # A cache folder is checked first: before any server starts.
     cache_folder = open_folder(plan.cache) if plan.cache is not None else None
     # Before any command or container exists: nothing of this run may outlive a killed mm-batch.
@@ -223,7 +247,7 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
     sandboxes = _DockerSandboxes(out_dir)
-    local = _LocalServers(plan, masker)
+    local = _LocalServers(plan, masker, cache_folder)
 
     def client_for(spec: RunSpec) -> ModelClient:
         if spec.model in local.servers:
@@ -250,18 +274,21 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     def shutdown() -> None:
         sandboxes.close_all()
         local.stop_all()
-        if cache_folder is not None:
+        if cache_folder is not None and litellm_used:
             uninstall(load_litellm(), cache_folder)
+        elif cache_folder is not None:
+            cache_folder.close()
 
-    # Import litellm (seconds of CPU) and connect to the Docker engine while the local servers
-    # load their models (seconds of waiting), all before the first run, so that no run's time
-    # includes them.
+    # Import litellm (seconds of CPU), where a model needs it, and connect to the Docker engine
+    # while the local servers load their models (seconds of waiting), all before the first run,
+    # so that no run's time includes them.
     with ThreadPoolExecutor(2, thread_name_prefix="mm-batch-start") as pool:
-        imported = pool.submit(load_litellm)
+        imported = pool.submit(load_litellm) if litellm_used else None
         if any(run.sandbox.kind == "docker" for run in plan.runs):
             pool.submit(sandboxes.prepare)
         local.start_all()
-        imported.result()
-    if cache_folder is not None:
+        if imported is not None:
+            imported.result()
+    if cache_folder is not None and litellm_used:
         install(load_litellm(), cache_folder, masker)
     return Effects(client_for, executor_for, HostExecutor(), McpHttpClient(), shutdown)

@@ -3,60 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import email.utils
-import functools
 import gc
 import importlib.metadata
-import json
 import logging
 import math
 import os
-import random
-import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from mm_batch.config.local_catalog import local_model
 from mm_batch.config.model import OWN_MODEL_OPTIONS
-from mm_batch.config.secrets import Masker, folded, head
+from mm_batch.config.secrets import Masker
 from mm_batch.effects.cache import CacheUse, cache_kwargs, served
+from mm_batch.effects.model_calls import MODEL_TRIES, Retries, ask, read_reply
 from mm_batch.errors import UsageError
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
-from mm_batch.run import threads
-from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
-
-MODEL_TRIES = 3
-# A call's thread may answer this long after its own timeout before it is given up on: httpx's
-# timeout bounds each read, not the whole reply, so a server that trickles bytes is cut here.
-CALL_GRACE_S = 1.0
-DEADLINE_REASON = "the task's deadline came before the model answered"
-_TRANSIENT_STATUS = {408, 409, 429}
-# What litellm 1.110 says when a provider answered with something that is not a completion:
-# a broken or hostile answer is not retried, it is named.
-_MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
-_DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
-
-
-class _SharedBackoff:
-    """When a provider answers 429 to one run, every run of that model waits the same pause."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._until: dict[str, float] = {}
-
-    def pause(self, key: str, seconds: float) -> None:
-        with self._lock:
-            self._until[key] = max(self._until.get(key, 0.0), time.monotonic() + seconds)
-
-    def remaining(self, key: str) -> float:
-        with self._lock:
-            return max(0.0, self._until.get(key, 0.0) - time.monotonic())
-
-
-SHARED_BACKOFF = _SharedBackoff()
+from mm_batch.run.ports import ModelReply
 
 
 def litellm_version() -> str:
@@ -321,86 +286,9 @@ def _skip_litellm_pricing() -> None:
     logging_class._response_cost_calculator = no_price
 
 
-def _status_code(exc: BaseException) -> int | None:
-    code = getattr(exc, "status_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
-
-
-def is_malformed(exc: BaseException) -> bool:
-    """The provider answered, but not with a chat completion (a 200 that litellm cannot read)."""
-    return _status_code(exc) == 200 or any(mark in str(exc) for mark in _MALFORMED_MARKS)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Connection errors, timeouts, 429 and 5xx are worth another try; nothing else is."""
-    code = _status_code(exc)
-    if code is not None:
-        return code in _TRANSIENT_STATUS or code >= 500
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(
-        names
-        & {"APIConnectionError", "Timeout", "APITimeoutError", "TimeoutError", "ConnectionError"}
-    )
-
-
-def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:
-    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date)."""
-    value: object = None
-    response = getattr(exc, "response", None)
-    for headers in (
-        getattr(exc, "litellm_response_headers", None),
-        getattr(response, "headers", None),
-    ):
-        getter = getattr(headers, "get", None)
-        if callable(getter):
-            value = getter("retry-after") or getter("Retry-After")
-            if value:
-                break
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if _DELTA_SECONDS.fullmatch(text):
-        return float(text)  # never raises; a hostile 5000-digit value is inf, past any deadline
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-REASON_LIMIT = 300  # characters of a provider's error in a reason
-
-
-def _short(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) -> str:
-    """A provider's error as a reason: masked where it enters, before it is cut at its
-    traceback, folded to one line and cut to `limit` characters (it may quote the key)."""
-    masked = masker.text(str(exc))
-    # litellm puts a traceback in some messages: the reason is what comes before it.
-    before = masked.split("Traceback (most recent call last)")[0]
-    text = folded(masker.text(before))
-    if len(text) > limit:
-        text = masker.text(head(text, limit - 3) + "...")
-    code = _status_code(exc)
-    prefix = f"{type(exc).__name__}" + (f" (HTTP {code})" if code is not None else "")
-    return f"{prefix}: {text}"
-
-
-class _OverdueError(Exception):
-    """A call's thread did not answer within its timeout and grace."""
-
-
-def _within(seconds: float, call: Callable[[], Any]) -> Any:
-    """Run `call` on a thread of its own: its result, its exception, or `_OverdueError`."""
-    pending = threads.start(call, "mm-batch-model-call")
-    if not pending.wait(max(seconds, 0.0)):
-        raise _OverdueError()
-    return pending.result()
-
-
 class LiteLLMClient:
-    """Calls any litellm model; retries transient errors with backoff, and only those."""
+    """Calls any litellm model; retries transient errors with backoff, and only those (as
+    every model client does: `model_calls.ask`)."""
 
     def __init__(
         self,
@@ -419,116 +307,42 @@ class LiteLLMClient:
         self.masker = masker  # a provider's error may quote the key: masked where it enters
         self.timeout = timeout
         self.cache = cache  # how the run uses the response cache, once `effects.cache.install` ran
-        self.tries = tries
-        self.backoff_s = backoff_s
-        self._sleep = sleep
+        self.retries = Retries(tries, backoff_s, sleep)
 
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
     ) -> ModelReply:
         """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
         started = time.monotonic()
-        deadline = started + timeout
         litellm = load_litellm()
-        pause_key = f"{self.model}\0{self.options.get('api_base')}"
         cached = cache_kwargs(self.cache, self.model, messages, tools, self.options)
-        last: BaseException | None = None
-        for attempt in range(1, self.tries + 1):
-            self._wait(SHARED_BACKOFF.remaining(pause_key), deadline)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ModelDeadlineError(DEADLINE_REASON)
-            call_timeout = min(self.timeout, left)
-            try:
-                completion = _within(
-                    call_timeout + CALL_GRACE_S,
-                    functools.partial(
-                        _completion,
-                        litellm,
-                        model=self.model,
-                        messages=messages,
-                        tools=tools or None,
-                        timeout=call_timeout,
-                        num_retries=0,
-                        **self.options,
-                        **cached,
-                    ),
-                )
-            except _OverdueError:
-                if time.monotonic() >= deadline:
-                    raise ModelDeadlineError(DEADLINE_REASON) from None
-                last = TimeoutError(f"no answer within {call_timeout:g} s")
-            except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise ModelDeadlineError(DEADLINE_REASON) from exc
-                if is_malformed(exc):
-                    reason = _short(exc, self.masker)
-                    raise ModelError(f"the model sent a malformed response: {reason}") from exc
-                if not is_transient(exc):
-                    reason = _short(exc, self.masker)
-                    raise ModelError(f"the model refused the request: {reason}") from exc
-                last = exc
-            else:
-                # Only the cache's own word says a reply came from it, never the reply's body.
-                hit = bool(cached) and served(litellm, cached["cache_key"])
-                latency = time.monotonic() - started
-                return _reply(
-                    completion.response,
-                    latency,
-                    attempt,
-                    model=self.model,
-                    cached=hit,
-                    folded_finishes=completion.folded_finishes,
-                )
-            if attempt < self.tries:
-                delay = self.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
-                asked = retry_after_s(last)
-                delay = max(delay, asked) if asked is not None else delay
-                if time.monotonic() + delay >= deadline:
-                    raise ModelDeadlineError(DEADLINE_REASON) from last
-                if _status_code(last) == 429:
-                    SHARED_BACKOFF.pause(pause_key, delay)  # the others wait with this run
-                else:
-                    self._sleep(delay)
-        assert last is not None
-        reason = _short(last, self.masker)
-        raise ModelError(
-            f"the model could not be reached after {self.tries} tries: {reason}"
-        ) from last
-
-    def _wait(self, seconds: float, deadline: float) -> None:
-        """Sleep, unless the wait would pass the deadline: then the task has timed out."""
-        if seconds <= 0:
-            return
-        if time.monotonic() + seconds >= deadline:
-            raise ModelDeadlineError(DEADLINE_REASON)
-        self._sleep(seconds)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-# A token count past this is no count (and JSON readers in JavaScript lose its digits).
-_COUNT_LIMIT = 2**53
-
-
-def _count(value: object) -> int | None:
-    """A token count as reported; a negative, huge or non-integer one (a hostile or broken
-    provider's) is unknown, so that every report keeps counts that add up."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT:
-        return value
-    return None
-
-
-def _arguments(value: object) -> str | None:
-    """Tool-call arguments as the string they should be; an object some servers send, as JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
+        completion, attempt = ask(
+            lambda call_timeout: _completion(
+                litellm,
+                model=self.model,
+                messages=messages,
+                tools=tools or None,
+                timeout=call_timeout,
+                num_retries=0,
+                **self.options,
+                **cached,
+            ),
+            call_timeout=self.timeout,
+            deadline=started + timeout,
+            pause_key=f"{self.model}\0{self.options.get('api_base')}",
+            masker=self.masker,
+            retries=self.retries,
+        )
+        # Only the cache's own word says a reply came from it, never the reply's body.
+        hit = bool(cached) and served(litellm, cached["cache_key"])
+        return _reply(
+            completion.response,
+            time.monotonic() - started,
+            attempt,
+            model=self.model,
+            cached=hit,
+            folded_finishes=completion.folded_finishes,
+        )
 
 
 def _usd(value: object) -> float | None:
@@ -542,10 +356,10 @@ def _usd(value: object) -> float | None:
 
 def _cost_usd(model: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
     """What the turn cost by litellm's bundled price map (offline: see `_import_offline`), for
-    the model asked and the token counts reported (checked: see `_count`); None where litellm
-    knows no price for the model or a count is missing. Nothing else the reply says about its
-    cost is believed (a provider's body can claim a price, a cache hit or another model). A
-    lookup that raises is an unknown cost, never the end of a run."""
+    the model asked and the token counts reported (checked by `model_calls.count_of`); None
+    where litellm knows no price for the model or a count is missing. Nothing else the reply
+    says about its cost is believed (a provider's body can claim a price, a cache hit or
+    another model). A lookup that raises is an unknown cost, never the end of a run."""
     if prompt_tokens is None or completion_tokens is None or not knows_price(model):
         return None
     try:
@@ -563,6 +377,8 @@ _PRICED: dict[str, bool] = {}  # a lookup of the price map per model, once a pro
 def knows_price(model: str) -> bool:
     """Whether litellm's bundled price map has a price for the model's tokens (never for a
     `local/` model, whose server litellm reaches as an unpriced `hosted_vllm/` one)."""
+    if local_model(model) is not None:
+        return False  # and litellm is not imported for it
     known = _PRICED.get(model)
     if known is None:
         try:
@@ -587,37 +403,11 @@ def _reply(
     """The first choice as a `ModelReply`; a reply that has none is a `ModelError`. `cached`:
     the response cache served it (a cached turn costs nothing). Its finish reason is the
     provider's own where litellm folded it into a normal end (`provider_finish`)."""
-    choices = getattr(response, "choices", None)
-    if not isinstance(choices, list | tuple) or not choices:
-        raise ModelError("the model sent a malformed response: it has no choices")
-    choice = choices[0]
-    message = getattr(choice, "message", None)
-    if message is None:
-        raise ModelError("the model sent a malformed response: its choice has no message")
-    raw_calls = getattr(message, "tool_calls", None)
-    calls: list[ToolCallRequest] = []
-    for i, call in enumerate(raw_calls if isinstance(raw_calls, list | tuple) else []):
-        function = getattr(call, "function", None)
-        call_id = getattr(call, "id", None)
-        calls.append(
-            ToolCallRequest(
-                id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
-                # A call without a usable name is answered as a call of no tool, never guessed.
-                name=_text(getattr(function, "name", None)) or "",
-                raw_arguments=_arguments(getattr(function, "arguments", None)),
-            )
-        )
-    usage = getattr(response, "usage", None)
-    prompt_tokens = _count(getattr(usage, "prompt_tokens", None))
-    completion_tokens = _count(getattr(usage, "completion_tokens", None))
-    return ModelReply(
-        text=_text(getattr(message, "content", None)),
-        tool_calls=tuple(calls),
-        finish_reason=provider_finish(choice, folded_finishes),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        latency_s=latency_s,
-        attempts=attempts,
-        cost_usd=0.0 if cached else _cost_usd(model, prompt_tokens, completion_tokens),
+    return read_reply(
+        response,
+        latency_s,
+        attempts,
+        finish=lambda choice: provider_finish(choice, folded_finishes),
+        cost=lambda prompt, completion: _cost_usd(model, prompt, completion),
         cached=cached,
     )

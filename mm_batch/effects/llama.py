@@ -1,4 +1,5 @@
-"""The embedded default: a llama.cpp server on a free loopback port, serving one local model."""
+"""The embedded default: a llama.cpp server on a free loopback port, serving one local model
+(asked by `effects.llama_client`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from mm_batch.effects.gguf import (
 from mm_batch.effects.host import start_service, stop_service
 
 HEALTH_DEADLINE_S = 180.0
+# How often a starting server's health is asked: a model loads in a second or more, and each
+# poll it is not asked is up to this much of waiting added to the run's start.
+HEALTH_POLL_S = 0.05
 CONTEXT_PER_SLOT = 4096
 # A turn of a small model longer than this is a loop, not an answer: the task's tool calls and
 # answers measured on the examples take under 60 tokens. The agent's or CLI's `max_tokens` wins.
@@ -36,20 +40,8 @@ SLOT_FILE_TIMEOUT_S = 2.0
 
 
 # The server listens on loopback: no proxy of the environment (HTTP_PROXY in a CI) may stand
-# between, for mm-batch's own requests here nor for litellm's (see `_loopback_direct`).
+# between. mm-batch's own requests to it (these, and `llama_client`'s) never read one.
 _LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-_LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-
-
-def _loopback_direct() -> None:
-    """Name the loopback hosts in NO_PROXY (both spellings): httpx, litellm's client, would
-    send even a request to 127.0.0.1 through an HTTP proxy of the environment otherwise. It
-    changes nothing else: the tools' environment is built apart (SPEC 3)."""
-    for name in ("NO_PROXY", "no_proxy"):
-        hosts = [h.strip() for h in os.environ.get(name, "").split(",") if h.strip()]
-        missing = [h for h in _LOOPBACK_HOSTS if h not in hosts]
-        if missing:
-            os.environ[name] = ",".join([*hosts, *missing])
 
 
 class ServerError(Exception):
@@ -133,7 +125,6 @@ class LlamaServer:
         """Start the process without waiting for it: servers load their models side by side.
         Called from the main thread: the server dies with it (see `start_service`)."""
         self.port = _free_port()
-        _loopback_direct()
         with contextlib.suppress(OSError):  # without it, no prompt is saved: nothing else changes
             prompt_dir().mkdir(parents=True, exist_ok=True)
         self.proc = start_service(self.argv(), self.log_path)
@@ -152,7 +143,7 @@ class LlamaServer:
                 self.ready = True
                 self._restore_prompt()
                 return
-            time.sleep(0.2)
+            time.sleep(HEALTH_POLL_S)
         self.stop()
         raise ServerError(
             f"llama-server for {self.model.model} was not ready within {deadline_s:g} s: "

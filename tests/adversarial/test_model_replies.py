@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from mm_batch.config.secrets import NO_SECRETS
-from mm_batch.effects.litellm import CALL_GRACE_S, LiteLLMClient
+from mm_batch.effects.litellm import LiteLLMClient
+from mm_batch.effects.model_calls import CALL_GRACE_S
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
 from mm_batch.testing.fake_openai import (
     Delayed,

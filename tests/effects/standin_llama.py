@@ -1,15 +1,18 @@
 """A stand-in for llama-server: its argv, /health, and chat completions that take a while.
 
-Run as `python standin_llama.py <llama-server argv...>`. It writes its argv (JSON) to
-$STANDIN_DIR/argv-<port>.json, answers every completion after $STANDIN_LATENCY_S seconds with
-a short text, and appends `<port> <start> <end> <max_tokens>` for each to $STANDIN_DIR/calls.log:
-the intervals in which it "computed"; /slots says slot 0 computes while a completion is in flight
-(and its save waits until it is done).
+Run as `python standin_llama.py <llama-server argv...>`. Its settings are environment variables
+named as llama-server's own (`LLAMA_...`): mm-batch passes a server no others. It writes its
+argv (JSON) to $LLAMA_STANDIN_DIR/argv-<port>.json and `<port> <time>` to
+$LLAMA_STANDIN_DIR/listening.log once it listens, answers every completion after
+$LLAMA_STANDIN_LATENCY_S seconds with a short text, and appends
+`<port> <start> <end> <max_tokens>` for each to $LLAMA_STANDIN_DIR/calls.log: the intervals in
+which it "computed"; /slots says slot 0 computes while a completion is in flight (and its save
+waits until it is done).
 Slots are saved (`/slots/N?action=save`) as a JSON file of
 the port and the completions answered so far, and restored from such a file only (anything
 else is refused, as llama-server refuses a state it cannot load, and all of it without
 --slot-save-path); each restore appends
-`<port> <slot> <file's text>` to $STANDIN_DIR/restored.log.
+`<port> <slot> <file's text>` to $LLAMA_STANDIN_DIR/restored.log.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Any
 
 ARGV = sys.argv[1:]
 PORT = int(ARGV[ARGV.index("--port") + 1])
-DIR = Path(os.environ["STANDIN_DIR"])
-LATENCY_S = float(os.environ.get("STANDIN_LATENCY_S", "0"))
+DIR = Path(os.environ["LLAMA_STANDIN_DIR"])
+LATENCY_S = float(os.environ.get("LLAMA_STANDIN_LATENCY_S", "0"))
 PARALLEL = int(ARGV[ARGV.index("--parallel") + 1])
 SLOTS = Path(ARGV[ARGV.index("--slot-save-path") + 1]) if "--slot-save-path" in ARGV else None
 
@@ -102,5 +105,7 @@ class Handler(BaseHTTPRequestHandler):
 
 (DIR / f"argv-{PORT}.json").write_text(json.dumps(ARGV))
 server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+with (DIR / "listening.log").open("a") as log:  # bound: from now on it answers
+    log.write(f"{PORT} {time.time()}\n")
 server.daemon_threads = True
 server.serve_forever()

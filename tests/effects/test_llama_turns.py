@@ -1,7 +1,7 @@
 """Local servers on a shared CPU: their argv, turns between servers, the task's deadline while
 waiting, the default `max_tokens`, and the prompt a server saves for the next run's. Real
-stand-in server processes (standin_llama.py) play llama-server, reached through the real litellm
-path of `default_effects`."""
+stand-in server processes (standin_llama.py) play llama-server, reached through mm-batch's own
+client as `default_effects` wires it."""
 
 from __future__ import annotations
 
@@ -59,12 +59,12 @@ def local_effects(
     # The stand-in replaces the extra's binary and the assembled model, nothing else.
     monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: binary)
     monkeypatch.setattr("mm_batch.commands.effects.ensure_gguf", lambda _model: tmp_path / "m")
-    monkeypatch.setenv("STANDIN_DIR", str(tmp_path))
+    monkeypatch.setenv("LLAMA_STANDIN_DIR", str(tmp_path))
     monkeypatch.setenv("MM_BATCH_CACHE", str(tmp_path / "cache"))  # saved prompts land there
     started: list[Effects] = []
 
     def start(*models: str, latency_s: float = 0.0, options: str = "{}") -> _Local:
-        monkeypatch.setenv("STANDIN_LATENCY_S", str(latency_s))
+        monkeypatch.setenv("LLAMA_STANDIN_LATENCY_S", str(latency_s))
         write(tmp_path, "agent.yaml", f"model_options: {options}\n")
         tasks_yaml = "agent: agent.yaml\njobs: 2\ntasks: [{id: a, prompt: p}, {id: b, prompt: p}]\n"
         write(tmp_path, "tasks.yaml", tasks_yaml)
@@ -339,7 +339,8 @@ def test_a_proxy_of_the_environment_never_stands_between_mm_batch_and_its_local_
     local_effects: Callable[..., _Local], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A CI's HTTP_PROXY (here a port that refuses every connection) must not reach loopback:
-    neither the health checks nor litellm's requests go through it."""
+    neither the health checks nor the model's requests go through it, and mm-batch leaves the
+    environment (the proxy settings its tools and other models see) as it was."""
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
@@ -348,5 +349,5 @@ def test_a_proxy_of_the_environment_never_stands_between_mm_batch_and_its_local_
     for name in ("NO_PROXY", "no_proxy"):
         monkeypatch.setenv(name, "example.com")
     local = local_effects(SMALL)
-    assert local.complete(SMALL) >= 0  # through the real litellm path, to the stand-in
-    assert os.environ["NO_PROXY"] == "example.com,127.0.0.1,localhost"
+    assert local.complete(SMALL) >= 0  # through mm-batch's own client, to the stand-in
+    assert os.environ["NO_PROXY"] == os.environ["no_proxy"] == "example.com"

@@ -1,0 +1,285 @@
+"""The local models' client: mm-batch's own llama-server, asked on its OpenAI-compatible
+`/chat/completions` endpoint with the standard library's HTTP client. litellm is never imported
+for it (its import was most of a local run's start-up and memory), yet a turn is asked, retried,
+bounded and recorded as `LiteLLMClient` does it (`effects.model_calls` is that shared part), and
+the server is sent the request litellm sent it.
+
+Also the response cache around any such client (`CachedClient`): the same folder, entries and
+keys as litellm's cache of the same model (`effects.cache`), without litellm.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.config.secrets import Masker
+from mm_batch.effects.cache import CacheUse, FolderCache, request_key
+from mm_batch.effects.model_calls import DEFAULT_RETRIES, Retries, ask, field, read_reply, text_of
+from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
+from mm_batch.run.ports import ModelClient, ModelError, ModelReply
+
+# Far above any completion (a 1 MiB answer is cut in the records anyway): a bigger body is not
+# read into memory, it is a malformed reply.
+MAX_REPLY_BYTES = 32 * 1024 * 1024
+# Options that say how litellm reaches a provider, not what is asked: litellm sends none of them
+# in the request body, nor does this client. `extra_body`'s keys are sent as body keys.
+_TRANSPORT_OPTIONS = frozenset(
+    {
+        *("api_base", "base_url", "api_key", "api_version", "base_model"),
+        *("custom_llm_provider", "drop_params", "extra_headers", "num_retries", "timeout"),
+    }
+)
+_NO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0}
+# What a server's error says is cut here before it is masked, folded and cut again.
+_ERROR_TEXT_BYTES = 4096
+
+
+class ServerStatusError(Exception):
+    """The server answered with an HTTP status other than 200."""
+
+    def __init__(self, status_code: int, message: str, headers: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.headers = headers  # Retry-After is read from here
+
+
+class ServerUnreachableError(ConnectionError):
+    """No answer came: the connection was refused, reset or closed before the reply ended."""
+
+
+class MalformedReplyError(Exception):
+    """A 200 whose body is not a chat completion's JSON."""
+
+    status_code = 200
+
+
+def request_body(
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The body litellm sends an OpenAI-compatible server (`hosted_vllm/`) for the same turn:
+    the model's name, the messages without their null fields, the options (those of
+    `extra_body` among them), and the tools when there are any."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{k: v for k, v in m.items() if v is not None} for m in messages],
+    }
+    body.update(
+        (k, v)
+        for k, v in options.items()
+        if k not in _TRANSPORT_OPTIONS and k != "extra_body" and v is not None
+    )
+    extra = options.get("extra_body")
+    if isinstance(extra, Mapping):
+        body.update(extra)
+    if tools:
+        body["tools"] = tools
+    return body
+
+
+def _error_text(data: bytes) -> str:
+    """What a server's error body says: its `error.message` (OpenAI's and llama-server's
+    shape), else the body's text."""
+    raw = data[:_ERROR_TEXT_BYTES].decode("utf-8", "replace")
+    try:
+        message = field(field(json.loads(data), "error"), "message")
+    except (ValueError, RecursionError):
+        message = None
+    return message if isinstance(message, str) else raw
+
+
+def post_json(url: urllib.parse.SplitResult, body: bytes, timeout: float) -> object:
+    """POST a JSON body, and the JSON of a 200's reply; raises `ServerStatusError`,
+    `ServerUnreachableError`, `TimeoutError` (transient or not by `model_calls.is_transient`)
+    or `MalformedReplyError`. No proxy of the environment stands in between."""
+    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    connection = kind(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    try:
+        connection.request(
+            "POST",
+            url.path or "/",
+            body,
+            {"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        response = connection.getresponse()
+        data = response.read(MAX_REPLY_BYTES + 1)
+    except TimeoutError:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServerUnreachableError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        connection.close()
+    if response.status != 200:
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        raise ServerStatusError(response.status, _error_text(data), headers)
+    if len(data) > MAX_REPLY_BYTES:
+        raise MalformedReplyError(f"a reply larger than {MAX_REPLY_BYTES >> 20} MiB")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, too deep, too many digits
+        raise MalformedReplyError(f"a reply that is not JSON ({type(exc).__name__})") from exc
+
+
+def _shape_problem(response: object) -> str | None:
+    """Why a completion's JSON is not one (what litellm refuses to read as one), or None."""
+    choices = field(response, "choices")
+    if not isinstance(response, dict) or not isinstance(choices, list) or not choices:
+        return "it has no choices"
+    if not isinstance(response.get("usage"), dict | None):
+        return "its usage is not an object"
+    for choice in choices:
+        message = field(choice, "message")
+        if not isinstance(choice, dict) or not isinstance(message, dict):
+            return "its choice has no message"
+        if not isinstance(message.get("content"), str | None):
+            return "its content is not text"
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list | None):
+            return "its tool_calls are not a list"
+        for call in calls or ():
+            function = field(call, "function")
+            if not isinstance(function, dict):
+                return "a tool call has no function"
+            if not isinstance(function.get("name"), str | None):
+                return "a tool call's name is not text"
+            if not isinstance(function.get("arguments"), str | dict | None):
+                return "a tool call's arguments are neither text nor an object"
+    return None
+
+
+def native_finish(choice: object) -> str | None:
+    """The finish reason as the server sent it, read as litellm reads an OpenAI-compatible
+    server's: none at all is a stop (as OpenAI's API says), and a stop with tool calls is
+    "tool_calls"."""
+    given = field(choice, "finish_reason")
+    reason = "stop" if given is None else text_of(given) or str(given)
+    if reason == "stop" and field(field(choice, "message"), "tool_calls"):
+        return "tool_calls"
+    return reason
+
+
+def unpriced(_prompt_tokens: int | None, _completion_tokens: int | None) -> float | None:
+    """A local model's turn has no price (litellm knows none for it either)."""
+    return None
+
+
+def reply_of(response: object, latency_s: float, attempts: int, *, cached: bool) -> ModelReply:
+    """A completion's JSON as a `ModelReply`; one that is not a completion is a `ModelError`."""
+    problem = _shape_problem(response)
+    if problem is not None:
+        raise ModelError(f"the model sent a malformed response: {problem}")
+    if isinstance(response, dict) and response.get("usage") is None:
+        response = {**response, "usage": _NO_USAGE}  # litellm counts a turn without usage as 0
+    return read_reply(
+        response, latency_s, attempts, finish=native_finish, cost=unpriced, cached=cached
+    )
+
+
+class LlamaClient:
+    """Asks an OpenAI-compatible server (mm-batch's own llama-server) for a chat completion;
+    retries transient errors with backoff, and only those."""
+
+    def __init__(
+        self,
+        api_base: str,
+        model: str,
+        options: Mapping[str, Any],
+        *,
+        masker: Masker,
+        timeout: float = DEFAULT_MODEL_TIMEOUT_S,
+        retries: Retries = DEFAULT_RETRIES,
+    ) -> None:
+        """`model`: the name the server is asked for (as litellm sends it: no provider)."""
+        self.url = urllib.parse.urlsplit(api_base.rstrip("/") + "/chat/completions")
+        self.model = model
+        self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+        self.masker = masker  # a server's error may quote a secret: masked where it enters
+        self.timeout = timeout
+        self.retries = retries
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
+    ) -> ModelReply:
+        """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
+        started = time.monotonic()
+        body = json.dumps(request_body(self.model, messages, tools, self.options)).encode()
+        response, attempt = ask(
+            lambda call_timeout: post_json(self.url, body, call_timeout),
+            call_timeout=self.timeout,
+            deadline=started + timeout,
+            pause_key=self.url.geturl(),
+            masker=self.masker,
+            retries=self.retries,
+        )
+        return reply_of(response, time.monotonic() - started, attempt, cached=False)
+
+
+def completion_of(reply: ModelReply) -> dict[str, Any]:
+    """A reply as the chat completion a server sends: what the cache stores of it, readable
+    by litellm's cache as by this module's."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.raw_arguments},
+            }
+            for call in reply.tool_calls
+        ]
+    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+        "usage": usage,
+    }
+
+
+class CachedClient:
+    """A `ModelClient` whose replies are kept in the response cache (`FolderCache`), keyed as
+    litellm keys the same model's (`request_key`): a folder written by either is read by both.
+    read: a hit answers, a miss asks the client and stores nothing; write: always asks, and
+    stores; readwrite: both. A hit costs nothing and waits for no server."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        store: FolderCache,
+        use: CacheUse,
+        model: str,
+        options: Mapping[str, Any],
+    ) -> None:
+        """`model` and `options`: as litellm would have been given them (the key's material)."""
+        self._client = client
+        self._store = store
+        self._use = use
+        self._model = model
+        self._options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
+    ) -> ModelReply:
+        started = time.monotonic()
+        key = request_key(self._model, messages, tools, self._options, self._use.repeat)
+        if self._use.mode != "write":
+            stored = self._store.get_cache(key)
+            # Only the cache's own word says a reply came from it, never the reply's body.
+            if stored is not None and self._store.served(key):
+                return reply_of(stored, time.monotonic() - started, 1, cached=True)
+        reply = self._client.complete(messages, tools, timeout)
+        if self._use.mode != "read":
+            self._store.set_cache(key, {"response": completion_of(reply)}, model=self._model)
+        return reply
+
+
+def check_entry(response: dict[str, Any]) -> object:
+    """`FolderCache`'s check of a stored completion: it reads as a reply, or it raises."""
+    return reply_of(response, 0.0, 1, cached=True)

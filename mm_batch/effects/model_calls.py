@@ -1,0 +1,303 @@
+"""What every model client does alike, whatever it speaks to: a turn retried on transient
+failures with backoff and never past the task's deadline, a provider's error as a masked
+one-line reason, and a completion's first choice read as a `ModelReply`.
+
+litellm's client (`effects.litellm`) and the local models' own client (`effects.llama_client`)
+both go through here, so that a turn's retries, deadline, reasons and record are the same
+whichever of them asked.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import json
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from mm_batch.config.secrets import Masker, folded, head
+from mm_batch.run import threads
+from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
+
+MODEL_TRIES = 3
+# A call's thread may answer this long after its own timeout before it is given up on: an HTTP
+# client's timeout bounds each read, not the whole reply, so a server that trickles bytes is cut
+# here.
+CALL_GRACE_S = 1.0
+DEADLINE_REASON = "the task's deadline came before the model answered"
+_TRANSIENT_STATUS = {408, 409, 429}
+# What litellm 1.110 says when a provider answered with something that is not a completion:
+# a broken or hostile answer is not retried, it is named.
+_MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
+_DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
+REASON_LIMIT = 300  # characters of a provider's error in a reason
+
+T = TypeVar("T")
+
+
+class _SharedBackoff:
+    """When a provider answers 429 to one run, every run of that model waits the same pause."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}
+
+    def pause(self, key: str, seconds: float) -> None:
+        with self._lock:
+            self._until[key] = max(self._until.get(key, 0.0), time.monotonic() + seconds)
+
+    def remaining(self, key: str) -> float:
+        with self._lock:
+            return max(0.0, self._until.get(key, 0.0) - time.monotonic())
+
+
+SHARED_BACKOFF = _SharedBackoff()
+
+
+def status_code(exc: BaseException) -> int | None:
+    """The HTTP status a failed call was answered with, where it got one."""
+    code = getattr(exc, "status_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def is_malformed(exc: BaseException) -> bool:
+    """The provider answered, but not with a chat completion (a 200 that cannot be read)."""
+    return status_code(exc) == 200 or any(mark in str(exc) for mark in _MALFORMED_MARKS)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Connection errors, timeouts, 429 and 5xx are worth another try; nothing else is."""
+    code = status_code(exc)
+    if code is not None:
+        return code in _TRANSIENT_STATUS or code >= 500
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(
+        names
+        & {"APIConnectionError", "Timeout", "APITimeoutError", "TimeoutError", "ConnectionError"}
+    )
+
+
+def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:
+    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date)."""
+    value: object = None
+    response = getattr(exc, "response", None)
+    for headers in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(response, "headers", None),
+        getattr(exc, "headers", None),
+    ):
+        getter = getattr(headers, "get", None)
+        if callable(getter):
+            value = getter("retry-after") or getter("Retry-After")
+            if value:
+                break
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if _DELTA_SECONDS.fullmatch(text):
+        return float(text)  # never raises; a hostile 5000-digit value is inf, past any deadline
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def short_reason(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) -> str:
+    """A provider's error as a reason: masked where it enters, before it is cut at its
+    traceback, folded to one line and cut to `limit` characters (it may quote the key)."""
+    masked = masker.text(str(exc))
+    # litellm puts a traceback in some messages: the reason is what comes before it.
+    before = masked.split("Traceback (most recent call last)")[0]
+    text = folded(masker.text(before))
+    if len(text) > limit:
+        text = masker.text(head(text, limit - 3) + "...")
+    code = status_code(exc)
+    prefix = f"{type(exc).__name__}" + (f" (HTTP {code})" if code is not None else "")
+    return f"{prefix}: {text}"
+
+
+class _OverdueError(Exception):
+    """A call's thread did not answer within its timeout and grace."""
+
+
+def _within(seconds: float, call: Callable[[], T]) -> T:
+    """Run `call` on a thread of its own: its result, its exception, or `_OverdueError`."""
+    pending = threads.start(call, "mm-batch-model-call")
+    if not pending.wait(max(seconds, 0.0)):
+        raise _OverdueError()
+    return pending.result()
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How a client retries a turn: how many tries in all, the first backoff (doubled after
+    each try, plus up to a quarter at random), and how it sleeps (a test's clock)."""
+
+    tries: int = MODEL_TRIES
+    backoff_s: float = 1.0
+    sleep: Callable[[float], None] = time.sleep
+
+
+DEFAULT_RETRIES = Retries()
+
+
+def ask(
+    send: Callable[[float], T],
+    *,
+    call_timeout: float,
+    deadline: float,
+    pause_key: str,
+    masker: Masker,
+    retries: Retries,
+) -> tuple[T, int]:
+    """`send(timeout)`'s answer and the try that gave it. Connection errors, timeouts, 429 and
+    5xx are tried again after a backoff (at least what `Retry-After` asks; a 429 pauses every
+    run of `pause_key` alike); a malformed answer or a refusal is a `ModelError` at once, and
+    no call, retry or wait outlives `deadline` (time.monotonic()): that is a
+    `ModelDeadlineError`."""
+    last: BaseException | None = None
+    for attempt in range(1, retries.tries + 1):
+        _wait(SHARED_BACKOFF.remaining(pause_key), deadline, retries.sleep)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ModelDeadlineError(DEADLINE_REASON)
+        timeout = min(call_timeout, left)
+        try:
+            return _within(timeout + CALL_GRACE_S, functools.partial(send, timeout)), attempt
+        except _OverdueError:
+            if time.monotonic() >= deadline:
+                raise ModelDeadlineError(DEADLINE_REASON) from None
+            last = TimeoutError(f"no answer within {timeout:g} s")
+        except Exception as exc:
+            if time.monotonic() >= deadline:
+                raise ModelDeadlineError(DEADLINE_REASON) from exc
+            if is_malformed(exc):
+                reason = short_reason(exc, masker)
+                raise ModelError(f"the model sent a malformed response: {reason}") from exc
+            if not is_transient(exc):
+                reason = short_reason(exc, masker)
+                raise ModelError(f"the model refused the request: {reason}") from exc
+            last = exc
+        if attempt < retries.tries:
+            delay = retries.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
+            asked = retry_after_s(last)
+            delay = max(delay, asked) if asked is not None else delay
+            if time.monotonic() + delay >= deadline:
+                raise ModelDeadlineError(DEADLINE_REASON) from last
+            if status_code(last) == 429:
+                SHARED_BACKOFF.pause(pause_key, delay)  # the others wait with this run
+            else:
+                retries.sleep(delay)
+    assert last is not None
+    reason = short_reason(last, masker)
+    raise ModelError(
+        f"the model could not be reached after {retries.tries} tries: {reason}"
+    ) from last
+
+
+def _wait(seconds: float, deadline: float, sleep: Callable[[float], None]) -> None:
+    """Sleep, unless the wait would pass the deadline: then the task has timed out."""
+    if seconds <= 0:
+        return
+    if time.monotonic() + seconds >= deadline:
+        raise ModelDeadlineError(DEADLINE_REASON)
+    sleep(seconds)
+
+
+# -- a completion read as a reply ------------------------------------------------------------
+
+
+def field(part: object, name: str) -> Any:
+    """A field of a part of a completion: a key of a JSON object as a server sent it, or an
+    attribute of litellm's object for it; nothing of any other JSON value."""
+    if isinstance(part, dict):
+        return part.get(name)
+    if part is None or isinstance(part, str | int | float | list):
+        return None
+    return getattr(part, name, None)
+
+
+def text_of(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# A token count past this is no count (and JSON readers in JavaScript lose its digits).
+_COUNT_LIMIT = 2**53
+
+
+def count_of(value: object) -> int | None:
+    """A token count as reported; a negative, huge or non-integer one (a hostile or broken
+    provider's) is unknown, so that every report keeps counts that add up."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT_LIMIT:
+        return value
+    return None
+
+
+def arguments_of(value: object) -> str:
+    """Tool-call arguments as the string they should be: none as an empty string, an object
+    some servers send as its JSON (as litellm writes both)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def read_reply(
+    response: object,
+    latency_s: float,
+    attempts: int,
+    *,
+    finish: Callable[[Any], str | None],
+    cost: Callable[[int | None, int | None], float | None],
+    cached: bool = False,
+) -> ModelReply:
+    """The first choice as a `ModelReply`; a reply that has none is a `ModelError`. `finish`
+    reads the choice's finish reason, `cost` prices the turn from its token counts; `cached`:
+    the response cache served it."""
+    choices = field(response, "choices")
+    if not isinstance(choices, list | tuple) or not choices:
+        raise ModelError("the model sent a malformed response: it has no choices")
+    choice = choices[0]
+    message = field(choice, "message")
+    if message is None:
+        raise ModelError("the model sent a malformed response: its choice has no message")
+    raw_calls = field(message, "tool_calls")
+    calls: list[ToolCallRequest] = []
+    for i, call in enumerate(raw_calls if isinstance(raw_calls, list | tuple) else []):
+        function = field(call, "function")
+        call_id = field(call, "id")
+        calls.append(
+            ToolCallRequest(
+                id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
+                # A call without a usable name is answered as a call of no tool, never guessed.
+                name=text_of(field(function, "name")) or "",
+                raw_arguments=arguments_of(field(function, "arguments")),
+            )
+        )
+    usage = field(response, "usage")
+    prompt_tokens = count_of(field(usage, "prompt_tokens"))
+    completion_tokens = count_of(field(usage, "completion_tokens"))
+    return ModelReply(
+        text=text_of(field(message, "content")),
+        tool_calls=tuple(calls),
+        finish_reason=finish(choice),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_s=latency_s,
+        attempts=attempts,
+        cost_usd=0.0 if cached else cost(prompt_tokens, completion_tokens),
+        cached=cached,
+    )
