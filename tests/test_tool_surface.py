@@ -341,7 +341,7 @@ def test_mcp_timeout_is_answered(
     assert result.code == 1
     (record,) = tools_of(records)
     assert record["outcome"] == "error" and "did not answer within" in record["reason"]
-    assert records[-1]["reason"] == "task timeout (2 s) reached"
+    assert records[-1]["reason"].startswith("task timeout (2 s) reached: tool proj_slow running")
 
 
 def test_unreachable_mcp_server_is_a_clear_task_error(

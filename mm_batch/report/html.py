@@ -147,9 +147,12 @@ def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str
             timeline.append(f"<tr><td>{offset}</td>{_tool_row(record)}</tr>")
         elif kind == "task":
             answer = final.get("answer")
+            # The reason says what ended the run: for a timeout, what was in flight then (a
+            # model turn or a call that never finished has no record of its own above).
+            why = record.get("reason") if record.get("status") != "passed" else None
             timeline.append(
                 f"<tr><td>{offset}</td><td>verdict</td><td>{_e(record.get('status'))}"
-                f"{_block(answer) if answer else ''}</td></tr>"
+                f"{f': {_e(why)}' if why else ''}{_block(answer) if answer else ''}</td></tr>"
             )
     prompt = final.get("prompt")
     return (

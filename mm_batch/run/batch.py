@@ -21,6 +21,7 @@ from typing import Any
 from mm_batch.config.local_catalog import LOCAL_PREFIX
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, RunSpec
+from mm_batch.run.in_flight import InFlight, timeout_reason
 from mm_batch.run.loop import INTERRUPTED
 from mm_batch.run.ports import (
     Executor,
@@ -68,6 +69,7 @@ class _Slot:
         self.recorder = recorder
         self.started: float | None = None
         self.result: RunResult | None = None
+        self.in_flight = InFlight()  # what the run waits on now: named if it is given up on
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started if self.started is not None else 0.0
@@ -284,7 +286,7 @@ class _Batch:
             limit.release()
         if not self.cancel.is_set():
             self._start_worker()
-        result = slot.close("failed", f"task timeout ({slot.spec.task.timeout:g} s) reached")
+        result = slot.close("failed", timeout_reason(slot.spec.task.timeout, slot.in_flight.now()))
         with self.finished:
             self._settle(slot, result)
 
@@ -324,7 +326,8 @@ def _run_one(
         return slot.close("error", f"the sandbox is not available: {exc}")
     try:
         parts = RunParts(client, executor, effects.hooks, effects.mcp)
-        return TaskRun(slot.spec, parts, slot.recorder, masker, cancel, pristine).run()
+        run = TaskRun(slot.spec, parts, slot.recorder, masker, cancel, pristine, slot.in_flight)
+        return run.run()
     finally:
         # A sandbox that cannot be removed now is an orphan a later run removes: the verdict
         # of this run stands either way.

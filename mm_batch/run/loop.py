@@ -13,6 +13,7 @@ from typing import Any
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.calls import CallHandler
+from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, InFlight, timeout_reason, tool_running
 from mm_batch.run.judge import unfinished_turn
 from mm_batch.run.ports import (
     ModelClient,
@@ -80,6 +81,7 @@ class AgentLoop:
         masker: Masker,
         cancel: threading.Event,
         emit: Callable[[Record], None],
+        in_flight: InFlight | None = None,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -88,6 +90,7 @@ class AgentLoop:
         self.masker = masker
         self.cancel = cancel
         self.emit = emit
+        self.in_flight = in_flight or InFlight()
 
     def _first_messages(self) -> list[dict[str, Any]]:
         task = self.spec.task
@@ -103,7 +106,7 @@ class AgentLoop:
 
     def run(self, deadline: float) -> LoopEnd:
         task = self.spec.task
-        timed_out = f"task timeout ({task.timeout:g} s) reached"
+        timed_out = timeout_reason(task.timeout, None)
         messages = self._first_messages()
         schemas = self.toolbox.schemas(self.masker)
         last_key: tuple[str, str] | None = None
@@ -120,14 +123,15 @@ class AgentLoop:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return LoopEnd(failure=timed_out)
-            try:
-                reply = self.client.complete(messages, schemas, remaining)
-            except ModelDeadlineError:
-                return LoopEnd(failure=timed_out)
-            except ModelError as exc:
-                if time.monotonic() >= deadline:
-                    return LoopEnd(failure=timed_out)
-                return LoopEnd(error=str(exc))
+            with self.in_flight.doing(WAITING_FOR_THE_MODEL):
+                try:
+                    reply = self.client.complete(messages, schemas, remaining)
+                except ModelDeadlineError:
+                    return LoopEnd(failure=timeout_reason(task.timeout, self.in_flight.now()))
+                except ModelError as exc:
+                    if time.monotonic() >= deadline:
+                        return LoopEnd(failure=timeout_reason(task.timeout, self.in_flight.now()))
+                    return LoopEnd(error=str(exc))
             self._record_model(reply)
             messages.append(self._assistant_message(reply))
             # Only a stop or a tool call ends a turn normally: a cut or filtered turn's calls
@@ -163,7 +167,9 @@ class AgentLoop:
                 # A call sent again after it was answered invalid is not held to the examples
                 # again: the model insists that the value is meant, and one turn was the price.
                 said = None if same in answered_invalid else "\n".join(told)
-                result = self.calls.handle(call, deadline, said)
+                with self.in_flight.doing(tool_running(call.name)):
+                    result = self.calls.handle(call, deadline, said)
+                    ran_for = self.in_flight.now()  # what the deadline found running, if it came
                 self.emit(result.record)
                 if result.sandbox_failure is not None:
                     return LoopEnd(error=result.sandbox_failure)
@@ -180,7 +186,7 @@ class AgentLoop:
                 if self.cancel.is_set():
                     return LoopEnd(error=INTERRUPTED)
                 if result.deadline_hit or time.monotonic() >= deadline:
-                    return LoopEnd(failure=timed_out)
+                    return LoopEnd(failure=timeout_reason(task.timeout, ran_for))
             answered_invalid |= invalid_now
         return LoopEnd(failure=f"max_turns ({task.max_turns}) reached without a final answer")
 

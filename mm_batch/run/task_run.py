@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.calls import CallHandler
+from mm_batch.run.in_flight import InFlight, check_running
 from mm_batch.run.judge import CheckRun, judge, verdict
 from mm_batch.run.loop import INTERRUPTED, AgentLoop, LoopEnd
 from mm_batch.run.output import captured_text, echo
@@ -133,6 +134,7 @@ class TaskRun:
         masker: Masker,
         cancel: threading.Event,
         pristine: Pristine,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.spec = spec
         self.parts = parts
@@ -140,6 +142,7 @@ class TaskRun:
         self.masker = masker
         self.cancel = cancel
         self.pristine = pristine
+        self.in_flight = in_flight or InFlight()
 
     def run(self) -> RunResult:
         started = time.monotonic()
@@ -167,6 +170,7 @@ class TaskRun:
                 self.masker,
                 self.cancel,
                 self.recorder.emit,
+                self.in_flight,
             )
             end = loop.run(deadline)
         except McpError as exc:
@@ -178,7 +182,8 @@ class TaskRun:
         error = end.error
         if error is None and task.expect is not None and task.expect.check is not None:
             try:
-                check_run = self._run_check(task.expect.check)
+                with self.in_flight.doing(check_running(task.expect.check[0])):
+                    check_run = self._run_check(task.expect.check)
             except _SandboxFailedError as exc:
                 error = str(exc)
             if self.cancel.is_set():
