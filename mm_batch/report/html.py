@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from mm_batch.report.calls_log import record_lines
-from mm_batch.report.summary import model_lines, printable
+from mm_batch.report.summary import human_duration, model_lines, printable
 from mm_batch.run.records import RunResult
 
 # Each text a page shows is cut here: calls.jsonl keeps up to 1 MiB, a page of 500 runs must open.
@@ -79,6 +79,18 @@ def _block(text: object) -> str:
     return f"<pre>{html.escape(shown, quote=True)}</pre>"
 
 
+def _seconds(value: object) -> str | None:
+    """A number of seconds from a record as a person reads it; None when the record has none."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        return None
+    return human_duration(float(value))
+
+
+def _facts(*pairs: tuple[str, object]) -> list[str]:
+    """`label value` for each value a record holds: a field it leaves out (null) is not shown."""
+    return [f"{label}{_e(value)}" for label, value in pairs if value is not None]
+
+
 def _moment(stamp: object) -> datetime | None:
     try:
         return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
@@ -94,9 +106,14 @@ def _model_row(record: Mapping[str, Any]) -> str:
         if isinstance(c, dict)
     )
     content = record.get("content")
-    facts = (
-        f"{_e(record.get('latency_s'))} s, tokens {_e(record.get('prompt_tokens'))} in / "
-        f"{_e(record.get('completion_tokens'))} out, finish {_e(record.get('finish_reason'))}"
+    tokens_in, tokens_out = record.get("prompt_tokens"), record.get("completion_tokens")
+    facts = ", ".join(
+        _facts(
+            ("", _seconds(record.get("latency_s"))),
+            ("tokens in ", tokens_in),
+            ("tokens out ", tokens_out),
+            ("finish ", record.get("finish_reason")),
+        )
     )
     return f"<td>model turn</td><td>{facts}{_block(content) if content else ''}{calls}</td>"
 
@@ -106,10 +123,12 @@ def _tool_row(record: Mapping[str, Any]) -> str:
     shown_argv = " ".join(str(a) for a in argv) if isinstance(argv, list) else "(not run)"
     facts = [
         f"<code>{_e(record.get('tool'))}</code> {_e(record.get('outcome'))}",
-        f"exit {_e(record.get('exit_code'))}",
-        f"rule {_e(record.get('rule'))}",
-        f"{_e(record.get('duration_s'))} s",
-        f"on {_e(record.get('where'))}",
+        *_facts(
+            ("exit ", record.get("exit_code")),
+            ("rule ", record.get("rule")),
+            ("", _seconds(record.get("duration_s"))),
+            ("on ", record.get("where")),
+        ),
     ]
     if record.get("recovered_from_text"):
         facts.append("rescued from text")
@@ -138,7 +157,9 @@ def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str
     for record in records:
         moment = _moment(record.get("ts"))
         offset = (
-            "" if moment is None or start is None else f"{(moment - start).total_seconds():.3f}"
+            ""
+            if moment is None or start is None
+            else human_duration(max((moment - start).total_seconds(), 0.0))
         )
         kind = record.get("kind")
         if kind == "model":
@@ -160,10 +181,11 @@ def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str
         f'data-task="{_e(result.task)}"{" open" if result.status != "passed" else ""}>'
         f'<summary><span class="badge {_e(result.status)}">{_e(result.status)}</span>'
         f"<code>{_e(result.run_id)}</code>{' (rerun)' if result.rerun else ''} "
-        f"{result.duration_s:.1f} s: {_e(result.reason)}</summary>"
+        f"{human_duration(result.duration_s)}{f': {_e(result.reason)}' if result.reason else ''}"
+        "</summary>"
         + (f"<h4>Prompt</h4>{_block(prompt)}" if prompt else "")
         + (f"<h4>Checks</h4><table>{check_rows}</table>" if check_rows else "")
-        + "<h4>Time line (s since the first record)</h4><table>"
+        + "<h4>Time line (since the first record)</h4><table>"
         + "".join(timeline)
         + "</table></details>"
     )
@@ -194,7 +216,7 @@ def report_html(
     lines = model_lines(results)
     model_rows = "".join(
         f"<tr><td>{_e(m.model)}</td><td>{m.passed}/{m.runs}</td><td>{m.failed}</td>"
-        f"<td>{m.errors}</td><td>{m.mean_s:.1f}</td></tr>"
+        f"<td>{m.errors}</td><td>{human_duration(m.mean_s)}</td></tr>"
         for m in lines
     )
     counts = {s: sum(r.status == s for r in results) for s in _STATUS_ORDER}
@@ -213,7 +235,7 @@ def report_html(
         f'<span id="n-failed">{counts["failed"]}</span> failed, '
         f'<span id="n-error">{counts["error"]}</span> errors</p>'
         "<table><tr><th>Model</th><th>Passes/runs</th><th>Failed</th><th>Errors</th>"
-        f"<th>Mean s per task</th></tr>{model_rows}</table>"
+        f"<th>Mean time per task</th></tr>{model_rows}</table>"
         '<div id="filters"><label>Status <select id="f-status"><option value="">all</option>'
         '<option value="failed">failed</option><option value="error">error</option>'
         '<option value="passed">passed</option></select></label>'

@@ -62,6 +62,19 @@ class ModelLine:
         return "-" if self.cost_usd is None else usd(self.cost_usd)
 
 
+def human_duration(seconds: float) -> str:
+    """A duration as a person says it: `4 ms`, `2.5 s`, `5 min 52 s`, `1 h 02 min`."""
+    if seconds < 0.9995:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    if seconds < 3599.5:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min {rest:02d} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min"
+
+
 def _total(values: Sequence[int | None]) -> int | None:
     """The sum, or None when any value is unknown."""
     known = [v for v in values if v is not None]
