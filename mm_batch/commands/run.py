@@ -45,7 +45,7 @@ from mm_batch.report.files import (
     unwritable,
 )
 from mm_batch.report.html import records_of, report_html
-from mm_batch.report.junit import junit_xml
+from mm_batch.report.junit import junit_xml, run_ends
 from mm_batch.report.summary import (
     exit_code,
     summary_json,
@@ -237,12 +237,13 @@ def _write_reports(
     `results` are this run's; `everything` adds the runs kept from `previous` (a rerun's).
     calls.jsonl is written again only when a command replaced it during the run."""
     log = recorder.text()
+    records = records_of(log)
     suite = masker.text(plan.suite)
     rate = plan.min_pass_rate
     summary_md = summary_markdown(suite, everything, rate)
 
     def junit() -> str:
-        text = junit_xml(plan, results, facts, masker)
+        text = junit_xml(plan, results, facts, masker, ends=run_ends(records))
         return text if previous is None else rerun_junit(previous, results, text, rate, folder.path)
 
     reports: list[tuple[str, Callable[[], str]]] = [
@@ -250,7 +251,7 @@ def _write_reports(
         (JUNIT, junit),
         (SUMMARY_JSON, lambda: summary_json(suite, rate, everything, facts, code, plan.coverage)),
         (SUMMARY_MD, lambda: summary_md),
-        (REPORT_HTML, lambda: report_html(suite, everything, records_of(log))),
+        (REPORT_HTML, lambda: report_html(suite, everything, records)),
     ]
     failure: BaseException | None = None
     for name, render in reports:
