@@ -197,7 +197,16 @@ def run(
                 verdicts = task_verdicts(everything, plan.min_pass_rate)
                 code = ExitCode.INTERRUPTED if received else exit_code(verdicts)
                 summary_md = _write_reports(
-                    folder, plan, results, everything, facts, code, masker, previous, recorder
+                    folder,
+                    plan,
+                    results,
+                    everything,
+                    facts,
+                    code,
+                    masker,
+                    previous,
+                    recorder,
+                    out_dir,
                 )
             finally:
                 folder.close()
@@ -232,6 +241,7 @@ def _write_reports(
     masker: Masker,
     previous: Previous | None,
     recorder: JsonlRecorder,
+    out_dir: Path,
 ) -> str:
     """Write every report that can be written; a bug in one does not keep the others back.
     `results` are this run's; `everything` adds the runs kept from `previous` (a rerun's).
@@ -240,7 +250,13 @@ def _write_reports(
     records = records_of(log)
     suite = masker.text(plan.suite)
     rate = plan.min_pass_rate
-    summary_md = summary_markdown(suite, everything, rate)
+    summary_md = summary_markdown(
+        masker.text(report_path(plan.tasks_file.path)),
+        everything,
+        rate,
+        report=masker.text(f"{out_dir.as_posix()}/{REPORT_HTML}"),
+        interrupted=code == ExitCode.INTERRUPTED,
+    )
 
     def junit() -> str:
         text = junit_xml(plan, results, facts, masker, ends=run_ends(records))

@@ -290,15 +290,54 @@ def _between_alphanumerics(text: str, i: int) -> bool:
 SUMMARY_RUNS_LIMIT = 500
 
 
-def summary_markdown(
-    suite: str, results: Sequence[RunResult], min_pass_rate: float | None = None
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def verdict_line(
+    results: Sequence[RunResult], min_pass_rate: float, *, interrupted: bool = False
 ) -> str:
-    """The per-model table, then every run that did not pass and why, all of it shown as text.
+    """One line saying how the batch went, as the exit code does: per task and model."""
+    verdicts = task_verdicts(results, min_pass_rate)
+    runs = _count(len(results), "run")
+    failed = sum(v.status == "failed" for v in verdicts)
+    errors = sum(v.status == "error" for v in verdicts)
+    words = {ExitCode.PASSED: "Passed", ExitCode.FAILED: "Failed", ExitCode.ERROR: "Error"}
+    word = "Interrupted" if interrupted else words[exit_code(verdicts)]
+    # A task on several models is judged on each: then the pairs are what passes or not.
+    what = "task" if len({v.model for v in verdicts}) <= 1 else "task and model pair"
+    if not failed and not errors:
+        n = len(verdicts)
+        some = _count(n, what) if n == 1 else f"all {_count(n, what)}"
+        return f"**{word}**: {some} passed, {runs}."
+    parts = [f"{failed} failed"] * bool(failed) + [f"{errors} could not be judged"] * bool(errors)
+    return (
+        f"**{word}**: {failed + errors} of {_count(len(verdicts), what)} did not pass "
+        f"({', '.join(parts)}), {runs}."
+    )
+
+
+def summary_markdown(
+    title: str,
+    results: Sequence[RunResult],
+    min_pass_rate: float | None = None,
+    *,
+    report: str | None = None,
+    interrupted: bool = False,
+) -> str:
+    """The title (the tasks file), one verdict line pointing at `report` (report.html's path),
+    the per-model table, then every run that did not pass and why, all of it shown as text.
 
     With `min_pass_rate`, a run that did not pass in a task whose pass rate is met says so.
     """
+    rate = 1.0 if min_pass_rate is None else min_pass_rate
+    verdict = verdict_line(results, rate, interrupted=interrupted)
+    if report is not None:
+        verdict += f" Details: {markdown_text(report)}"
     lines = [
-        f"## mm-batch: {markdown_text(suite)}",
+        f"## mm-batch: {markdown_text(title)}",
+        "",
+        verdict,
         "",
         "| Model | Passes/runs | Failed | Errors | Mean s per task | Tokens in/out | Cost USD |",
         "|-------|-------------|--------|--------|-----------------|---------------|----------|",
