@@ -144,7 +144,27 @@ def plan_options(function: F) -> F:
             "--sandbox", type=click.Choice(["host", "docker"]), help="Where tool commands run."
         ),
         click.option("--image", help="Sandbox image (with --sandbox docker)."),
-        click.option("--filter", "filter_", metavar="GLOB", help="Only task ids matching GLOB."),
+        click.option(
+            "--filter",
+            "filters",
+            multiple=True,
+            metavar="GLOB",
+            help="Only task ids matching GLOB (repeatable: any of them).",
+        ),
+        click.option(
+            "--exclude",
+            "excludes",
+            multiple=True,
+            metavar="GLOB",
+            help="Leave out task ids matching GLOB (repeatable), after --filter.",
+        ),
+        click.option(
+            "-x",
+            "--exitfirst",
+            is_flag=True,
+            default=False,
+            help="Start no run after the first that failed or erred; those not started are errors.",
+        ),
         click.option("--shard", metavar="K/N", help="Run only shard K of N (K from 1)."),
     ]
     for decorator in reversed(decorators):
@@ -163,7 +183,9 @@ def _overrides(**options: Any) -> Any:
         yolo=options["yolo"],
         sandbox=options["sandbox"],
         image=options["image"],
-        filter=options["filter_"],
+        filters=tuple(options["filters"]),
+        excludes=tuple(options["excludes"]),
+        exitfirst=options["exitfirst"],
         shard=parse_shard(options["shard"]) if options["shard"] else None,
         max_cost=options.get("max_cost"),  # `run` only
         cache=options.get("cache"),  # `run` only

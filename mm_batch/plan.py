@@ -45,7 +45,9 @@ class Overrides:
     yolo: bool | None = None
     sandbox: SandboxKind | None = None
     image: str | None = None
-    filter: str | None = None
+    filters: tuple[str, ...] = ()  # `--filter`: task ids matching any of these globs
+    excludes: tuple[str, ...] = ()  # `--exclude`: then leave out those matching any of these
+    exitfirst: bool = False  # `--exitfirst`: start no run after the first that did not pass
     shard: tuple[int, int] | None = None
     max_cost: float | None = None  # USD; `run --max-cost`
     cache: Path | None = None  # `run --cache DIR`: the folder, as given
@@ -94,6 +96,7 @@ class Plan:
     whole_runs: int  # runs of the whole plan, every shard together
     max_cost: float | None = None  # USD the batch may spend before it starts no more runs
     cache: CacheSettings | None = None  # the model response cache; None: off
+    exitfirst: bool = False  # start no run after the first that failed or erred
 
     @property
     def coverage(self) -> dict[str, Any]:
@@ -208,6 +211,26 @@ def _check_classnames(suite: str, models: Iterable[str]) -> None:
         first[name] = model
 
 
+def _chosen(
+    tasks: tuple[TaskSpec, ...], filters: tuple[str, ...], excludes: tuple[str, ...]
+) -> tuple[TaskSpec, ...]:
+    """The tasks whose id matches any `--filter` (all without one), less those matching any
+    `--exclude`. A glob that matches no task id at all is a typo, not a choice: a usage error."""
+    for option, globs in (("--filter", filters), ("--exclude", excludes)):
+        for glob in globs:
+            if not any(fnmatch.fnmatchcase(t.id, glob) for t in tasks):
+                raise PlanError(f"{option} '{_shown(glob)}' matches no task id")
+    chosen = tuple(
+        t
+        for t in tasks
+        if (not filters or any(fnmatch.fnmatchcase(t.id, g) for g in filters))
+        and not any(fnmatch.fnmatchcase(t.id, g) for g in excludes)
+    )
+    if not chosen:
+        raise PlanError("--filter and --exclude leave no task to run")
+    return chosen
+
+
 def _cache_settings(tasks_file: TasksFile, overrides: Overrides) -> CacheSettings | None:
     """The cache's folder and mode, each from the CLI or else the tasks file (CLI > tasks file)."""
     folder = overrides.cache.absolute() if overrides.cache is not None else tasks_file.cache
@@ -226,11 +249,7 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
             f"--model-option {clashing[0]}: mm-batch sets '{clashing[0]}' itself: it is not a "
             "model option"
         )
-    tasks = tasks_file.tasks
-    if overrides.filter is not None:
-        tasks = tuple(t for t in tasks if fnmatch.fnmatchcase(t.id, overrides.filter))
-        if not tasks:
-            raise PlanError(f"--filter '{overrides.filter}' matches no task id")
+    tasks = _chosen(tasks_file.tasks, overrides.filters, overrides.excludes)
     repeat = overrides.repeat or tasks_file.repeat
     runs: list[RunSpec] = []
     for task in tasks:
@@ -269,4 +288,5 @@ def make_plan(tasks_file: TasksFile, overrides: Overrides) -> Plan:
         whole_runs=whole_runs,
         max_cost=overrides.max_cost,
         cache=_cache_settings(tasks_file, overrides),
+        exitfirst=overrides.exitfirst,
     )

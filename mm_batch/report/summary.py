@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mm_batch.errors import ExitCode
+from mm_batch.run.batch import EXITFIRST_REASON
 from mm_batch.run.records import COST_LIMIT_REASON, RunResult, total_usd, usd
+
+# The reasons of runs the batch did not start (`--max-cost`, `--exitfirst`): never tolerated.
+NOT_STARTED = (COST_LIMIT_REASON, EXITFIRST_REASON)
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class TaskVerdict:
     failed: int
     errors: int
     min_pass_rate: float
-    stopped: int = 0  # runs `--max-cost` did not start: never a tolerated repeat
+    stopped: int = 0  # runs `--max-cost` or `--exitfirst` did not start: never tolerated
 
     @property
     def pass_rate(self) -> float:
@@ -94,7 +98,7 @@ def task_verdicts(results: Sequence[RunResult], min_pass_rate: float) -> list[Ta
             sum(r.status == "failed" for r in rs),
             sum(r.status == "error" for r in rs),
             min_pass_rate,
-            sum(r.status == "error" and r.reason.startswith(COST_LIMIT_REASON) for r in rs),
+            sum(r.status == "error" and r.reason.startswith(NOT_STARTED) for r in rs),
         )
         for (task, model), rs in groups.items()
     ]

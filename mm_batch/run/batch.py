@@ -44,6 +44,8 @@ from mm_batch.run.records import (
 )
 from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
 
+# The reason of a run `--exitfirst` did not start, once an earlier run failed or erred.
+EXITFIRST_REASON = "not started: --exitfirst"
 # After a cancel, how long running task runs get to stop before they are reported as errors.
 CANCEL_GRACE_S = 3.0
 # How long past its timeout a task run may take to wind down before it is given up on.
@@ -214,6 +216,7 @@ class _Batch:
         self.finished = threading.Condition(threading.Lock())
         self.done = 0
         self.flying: set[_Slot] = set()  # started, and their worker has not returned from them
+        self.first_failure: str | None = None  # with --exitfirst: why no run starts any more
         self.workers: list[threading.Thread] = []
 
     def run(self) -> None:
@@ -253,7 +256,7 @@ class _Batch:
                 slot.started = time.monotonic()
                 self.flying.add(slot)
             try:
-                over = self.spending.limit_reached(self.plan.max_cost)
+                over = self.first_failure or self.spending.limit_reached(self.plan.max_cost)
                 if over is not None:
                     result = slot.close("error", over)
                 else:
@@ -295,6 +298,9 @@ class _Batch:
         if slot.result is None:
             slot.result = result = slot.counted(result)
             self.done += 1
+            if self.plan.exitfirst and result.status != "passed" and self.first_failure is None:
+                how = "failed" if result.status == "failed" else "had an error"
+                self.first_failure = f"{EXITFIRST_REASON} after {result.run_id} {how}"
             with contextlib.suppress(Exception):  # a progress display never stops a batch
                 self.on_result(result)
         if self.done == len(self.slots) or self.cancel.is_set():
