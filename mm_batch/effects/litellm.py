@@ -410,4 +410,5 @@ def _reply(
         finish=lambda choice: provider_finish(choice, folded_finishes),
         cost=lambda prompt, completion: _cost_usd(model, prompt, completion),
         cached=cached,
+        keep_provider_parts=True,
     )

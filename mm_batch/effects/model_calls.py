@@ -255,6 +255,56 @@ def arguments_of(value: object) -> str:
         return str(value)
 
 
+# The parts of an assistant turn that litellm gives in provider-specific fields, where the
+# provider must get them back on the next turn (SPEC 6): Anthropic's and Bedrock's signed
+# thinking blocks (`thinking_blocks`; also inside `provider_specific_fields`), the reasoning text
+# (`reasoning_content`: vLLM, DeepSeek, Ollama's `thinking`), and what litellm keeps of Gemini's
+# thought signatures and Anthropic's compaction and server-tool blocks
+# (`provider_specific_fields`). litellm translates each back into its provider's wire format,
+# and leaves out what a provider does not take. A part the reply does not have is not sent.
+MESSAGE_PARTS = ("thinking_blocks", "reasoning_content", "provider_specific_fields")
+# Of a tool call, and of its function: Gemini's thought signature of the call.
+CALL_PARTS = ("provider_specific_fields",)
+
+
+def _plain(value: object, depth: int = 0) -> object:
+    """JSON-like data of a part as litellm holds it (its pydantic objects as their fields);
+    what is not data (or nests past any reply's depth) is left out."""
+    if depth > 64:
+        return None
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, dict):
+        try:
+            value = dump()
+        except Exception:
+            return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, depth + 1) for v in value]
+    return None
+
+
+def provider_parts(part: object, names: tuple[str, ...]) -> dict[str, Any]:
+    """The named provider-specific fields of a message or tool call, as data; empty ones
+    (litellm's `None`, an empty object or list) left out."""
+    kept: dict[str, Any] = {}
+    for name in names:
+        value = _plain(field(part, name))
+        if value is not None and value not in ({}, []):
+            kept[name] = value
+    return kept
+
+
+def _call_parts(call: object) -> dict[str, Any]:
+    """A tool call's provider fields, with its function's under `function`."""
+    parts = provider_parts(call, CALL_PARTS)
+    inner = provider_parts(field(call, "function"), CALL_PARTS)
+    return {**parts, "function": inner} if inner else parts
+
+
 def read_reply(
     response: object,
     latency_s: float,
@@ -263,10 +313,12 @@ def read_reply(
     finish: Callable[[Any], str | None],
     cost: Callable[[int | None, int | None], float | None],
     cached: bool = False,
+    keep_provider_parts: bool = False,
 ) -> ModelReply:
     """The first choice as a `ModelReply`; a reply that has none is a `ModelError`. `finish`
     reads the choice's finish reason, `cost` prices the turn from its token counts; `cached`:
-    the response cache served it."""
+    the response cache served it. `keep_provider_parts`: the turn's and its calls'
+    provider-specific parts (`MESSAGE_PARTS`, `CALL_PARTS`) go into the reply, to be sent back."""
     choices = field(response, "choices")
     if not isinstance(choices, list | tuple) or not choices:
         raise ModelError("the model sent a malformed response: it has no choices")
@@ -285,6 +337,7 @@ def read_reply(
                 # A call without a usable name is answered as a call of no tool, never guessed.
                 name=text_of(field(function, "name")) or "",
                 raw_arguments=arguments_of(field(function, "arguments")),
+                provider_fields=_call_parts(call) if keep_provider_parts else {},
             )
         )
     usage = field(response, "usage")
@@ -300,4 +353,5 @@ def read_reply(
         attempts=attempts,
         cost_usd=0.0 if cached else cost(prompt_tokens, completion_tokens),
         cached=cached,
+        provider_parts=provider_parts(message, MESSAGE_PARTS) if keep_provider_parts else {},
     )

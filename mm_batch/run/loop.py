@@ -246,13 +246,17 @@ class AgentLoop:
 
     def _assistant_message(self, reply: ModelReply) -> dict[str, Any]:
         text = None if reply.text is None else self.masker.text(reply.text)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        # The provider's own parts go back as they came (signed thinking blocks: SPEC 6).
+        parts = self.masker.data(dict(reply.provider_parts))
+        message: dict[str, Any] = {**parts, "role": "assistant", "content": text}
         if reply.tool_calls:
             message["tool_calls"] = [
                 {
+                    **self.masker.data(dict(c.provider_fields)),
                     "id": c.id,
                     "type": "function",
                     "function": {
+                        **self.masker.data(dict(c.provider_fields.get("function", {}))),
                         "name": c.name,
                         "arguments": self.masker.text(_history_arguments(c.raw_arguments)),
                     },

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -123,6 +123,9 @@ class ToolCallRequest:
     name: str
     raw_arguments: str | None
     recovered_from_text: bool = False
+    # The provider's own parts of this call, as they came (a Gemini thought signature): the
+    # history sends them back unchanged (SPEC 6).
+    provider_fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,10 @@ class ModelReply:
     attempts: int = 1
     cost_usd: float | None = None  # by litellm's bundled price map; None where it knows none
     cached: bool = False  # answered from the response cache: no model was asked
+    # The assistant turn's provider-specific parts, as they came (Anthropic thinking blocks with
+    # their signatures, Bedrock reasoning, Gemini thought signatures): the history sends them
+    # back unchanged, or a reasoning model's next turn is refused (SPEC 6).
+    provider_parts: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
 class ModelError(Exception):

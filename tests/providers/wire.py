@@ -1,0 +1,219 @@
+"""Small local servers speaking providers' own wire formats, for litellm's real code path.
+
+Each fake plays a scripted conversation (`Turn`s) in its provider's format and, like the real
+service, refuses (400) a request that breaks the provider's rules for the history: an
+Anthropic request whose assistant turn lost its signed thinking block, a Bedrock one that lost
+its `reasoningContent`, a Gemini one that lost a thought signature. Every request is kept, with
+its path and headers, so that a test reads what really went over the wire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A reasoning block as a provider signs it."""
+
+    text: str
+    signature: str
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One scripted model turn: optional thinking, text, tool calls (name, arguments)."""
+
+    text: str = ""
+    calls: Sequence[tuple[str, Mapping[str, Any]]] = ()
+    thinking: Thinking | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    headers: Mapping[str, str]
+    body: dict[str, Any]
+
+
+Respond = Callable[[Request], Answer]
+
+
+class WireServer:
+    """Serve `respond` on a free loopback port; use as a context manager."""
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def __enter__(self) -> WireServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with fake._lock:
+                    fake._connections.discard(self.connection)
+                super().finish()
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                request = Request(self.path, dict(self.headers.items()), body)
+                with fake._lock:
+                    fake.requests.append(request)
+                answer = fake.respond(request)
+                data = json.dumps(answer.body).encode()
+                self.send_response(answer.status)
+                headers = {"Content-Type": "application/json", **answer.headers}
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:
+                return
+
+        return Handler
+
+
+# -- Anthropic Messages API ------------------------------------------------------------------
+
+
+def _anthropic_error(message: str, status: int = 400) -> Answer:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
+    error = {"type": kind.get(status, "api_error"), "message": message}
+    return Answer(status, {"type": "error", "error": error})
+
+
+def anthropic_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> str | None:
+    """What Anthropic would refuse in the history: each earlier assistant turn must be sent back
+    with the exact thinking block it came with (when thinking is on), and each tool_use must be
+    answered by a tool_result of the same id in the next user message."""
+    thinking_on = (body.get("thinking") or {}).get("type") == "enabled"
+    assistants = [
+        (i, m) for i, m in enumerate(body.get("messages", [])) if m.get("role") == "assistant"
+    ]
+    for n, (index, message) in enumerate(assistants):
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        sent = turns[n]
+        if thinking_on and sent.thinking is not None:
+            expected = {
+                "type": "thinking",
+                "thinking": sent.thinking.text,
+                "signature": sent.thinking.signature,
+            }
+            if not blocks or blocks[0] != expected:
+                return (
+                    f"messages.{index}.content.0.type: Expected `thinking` or "
+                    "`redacted_thinking`, but found "
+                    f"`{blocks[0].get('type') if blocks else 'nothing'}`. When `thinking` is "
+                    "enabled, a final `assistant` message must start with a thinking block "
+                    "(preceeding the lastmost set of `tool_use` and `tool_result` blocks)."
+                )
+        used = [str(b["id"]) for b in blocks if b.get("type") == "tool_use"]
+        if used:
+            following = body["messages"][index + 1] if index + 1 < len(body["messages"]) else {}
+            answered = [
+                str(b.get("tool_use_id"))
+                for b in following.get("content") or []
+                if isinstance(b, dict) and b.get("type") == "tool_result"
+            ]
+            if sorted(answered) != sorted(used):
+                return f"messages.{index + 1}: tool_use ids {used} found without tool_result"
+    return None
+
+
+def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
+    """A Messages API (`POST /v1/messages`) playing `turns` in order, one per assistant turn
+    already in the history; it checks the key as Anthropic does (`x-api-key`)."""
+
+    def respond(request: Request) -> Answer:
+        if request.path != "/v1/messages":
+            return _anthropic_error(f"no route {request.path}", 404)
+        if request.headers.get("x-api-key") != key:
+            got = request.headers.get("x-api-key")
+            return _anthropic_error(f"invalid x-api-key: {got}", 401)
+        problem = anthropic_history_problem(request.body, turns)
+        if problem is not None:
+            return _anthropic_error(problem)
+        n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
+        turn = turns[n]
+        content: list[dict[str, Any]] = []
+        thinking_on = (request.body.get("thinking") or {}).get("type") == "enabled"
+        if turn.thinking is not None and thinking_on:
+            content.append(
+                {
+                    "type": "thinking",
+                    "thinking": turn.thinking.text,
+                    "signature": turn.thinking.signature,
+                }
+            )
+        if turn.text:
+            content.append({"type": "text", "text": turn.text})
+        for i, (name, arguments) in enumerate(turn.calls):
+            content.append(
+                {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": arguments}
+            )
+        return Answer(
+            200,
+            {
+                "id": f"msg_{n}",
+                "type": "message",
+                "role": "assistant",
+                "model": request.body.get("model"),
+                "content": content,
+                "stop_reason": "tool_use" if turn.calls else "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 12, "output_tokens": 7},
+            },
+        )
+
+    return respond
