@@ -188,7 +188,15 @@ def run(
                     # Leaving it ends the live line, so that what follows starts a line of its own.
                     with Progress(len(plan.runs)) as progress:
                         results = run_batch(
-                            plan, effects, recorder, masker, cancel, progress, pristine, unpriced
+                            plan,
+                            effects,
+                            recorder,
+                            masker,
+                            cancel,
+                            progress,
+                            pristine,
+                            unpriced,
+                            on_start=progress.run_started,
                         )
                 finally:
                     recorder.close()

@@ -40,6 +40,7 @@ __all__ = [
 TICK_S = 0.5  # how often the live line is redrawn while no run finishes
 ANNOTATION_LIMIT = 10  # GitHub shows at most 10 error annotations a step
 REASON_LIMIT = 300  # characters of a reason in the short summary
+RUNNING_SHOWN = 3  # runs in flight the live line names, the longest running first
 
 
 def live_terminal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
@@ -72,6 +73,7 @@ class Progress:
         self.tick_s = tick_s
         self.started = time.monotonic()
         self.done = self.passed = self.failed = self.errors = 0
+        self._running: dict[str, float] = {}  # run id -> when it started, in start order
         self._lock = threading.Lock()
         self._open = False  # a live line is on the screen, not yet ended
         self._stop = threading.Event()
@@ -104,8 +106,16 @@ class Progress:
                 print(file=self.stream, flush=True)
                 self._open = False
 
+    def run_started(self, run_id: str) -> None:
+        """A run started: the live line names it until its result comes."""
+        with self._lock:
+            self._running[run_id] = time.monotonic()
+            if self.live:
+                self._live_line()
+
     def __call__(self, result: RunResult) -> None:
         with self._lock:
+            self._running.pop(result.run_id, None)
             self.done += 1
             self.passed += result.status == "passed"
             self.failed += result.status == "failed"
@@ -141,6 +151,14 @@ class Progress:
             f"{self.done}/{self.total} done, {self.passed} passed, {self.failed} failed, "
             f"{self.errors} errors, {elapsed:.0f} s elapsed, {eta}"
         )
+        if self._running:
+            now = time.monotonic()
+            named = [
+                f"{one_line(run_id)} {now - since:.0f} s"
+                for run_id, since in list(self._running.items())[:RUNNING_SHOWN]
+            ]
+            more = len(self._running) - len(named)
+            line += "; running: " + ", ".join(named) + (f", +{more} more" if more > 0 else "")
         width = _columns(self.stream)
         if width is not None and len(line) >= width:  # a wrapped line could not be redrawn
             line = line[: max(width - 1, 1)]

@@ -160,9 +160,11 @@ def run_batch(
     on_result: Callable[[RunResult], None] = lambda _: None,
     pristine: Pristine | None = None,
     unpriced: Collection[str] = (),
+    on_start: Callable[[str], None] = lambda _run_id: None,
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened. `unpriced`:
-    the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0."""
+    the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0.
+    `on_start` gets the (masked) id of each run as it starts, `on_result` its result."""
     spending = _Spending(recorder, unpriced)
     slots = [
         _Slot(
@@ -172,7 +174,7 @@ def run_batch(
         for spec in plan.runs
     ]
     batch = _Batch(
-        plan, slots, effects, masker, cancel, on_result, pristine or Pristine(), spending
+        plan, slots, effects, masker, cancel, on_result, pristine or Pristine(), spending, on_start
     )
     batch.run()
     for slot in slots:
@@ -200,6 +202,7 @@ class _Batch:
         on_result: Callable[[RunResult], None],
         pristine: Pristine,
         spending: _Spending,
+        on_start: Callable[[str], None],
     ) -> None:
         self.plan = plan
         self.slots = slots
@@ -209,6 +212,7 @@ class _Batch:
         self.on_result = on_result
         self.pristine = pristine
         self.spending = spending
+        self.on_start = on_start
         self.pending: queue.Queue[_Slot] = queue.Queue()
         for slot in sorted(slots, key=_dispatch_order(plan)):
             self.pending.put(slot)
@@ -260,6 +264,8 @@ class _Batch:
                 if over is not None:
                     result = slot.close("error", over)
                 else:
+                    with contextlib.suppress(Exception):  # a progress display never stops a batch
+                        self.on_start(self.masker.text(slot.spec.run_id))
                     result = _run_one(slot, self.effects, self.masker, self.cancel, self.pristine)
             except BaseException as exc:  # never lose a run, even to a bug of the batch
                 result = slot.close("error", internal_error(exc), traceback.format_exc())

@@ -104,6 +104,7 @@ def run_tasks(
     secrets: Sequence[str] = (),
     cancel: threading.Event | None = None,
     overrides: Overrides | None = None,
+    on_start: Callable[[str], None] = lambda _run_id: None,
 ) -> Outcome:
     """Load, plan and run a tasks file in-process on scripted fakes."""
     plan = make_plan(load_tasks(tasks_file), overrides or Overrides(models=("scripted/model",)))
@@ -120,7 +121,13 @@ def run_tasks(
     effects = Effects(client_for, lambda _spec: executor(), HostExecutor(), NoMcp())
     try:
         results = run_batch(
-            plan, effects, recorder, masker, cancel or threading.Event(), pristine=pristine
+            plan,
+            effects,
+            recorder,
+            masker,
+            cancel or threading.Event(),
+            pristine=pristine,
+            on_start=on_start,
         )
     finally:
         pristine.close()
