@@ -23,7 +23,13 @@ from typing import Any, TypeVar
 
 from mm_batch.config.secrets import Masker, folded, head
 from mm_batch.run import threads
-from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply, ToolCallRequest
+from mm_batch.run.ports import (
+    ModelDeadlineError,
+    ModelError,
+    ModelRateLimitError,
+    ModelReply,
+    ToolCallRequest,
+)
 
 MODEL_TRIES = 3
 # A call's thread may answer this long after its own timeout before it is given up on: an HTTP
@@ -42,19 +48,24 @@ T = TypeVar("T")
 
 
 class _SharedBackoff:
-    """When a provider answers 429 to one run, every run of that model waits the same pause."""
+    """When a provider answers 429 to one run, every run of that model waits the same pause;
+    each remembers the wait the 429 asked (its `rate_limit_reason`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._until: dict[str, float] = {}
+        self._until: dict[str, tuple[float, str]] = {}
 
-    def pause(self, key: str, seconds: float) -> None:
+    def pause(self, key: str, seconds: float, asked: str = "") -> None:
         with self._lock:
-            self._until[key] = max(self._until.get(key, 0.0), time.monotonic() + seconds)
+            until = time.monotonic() + seconds
+            if until > self._until.get(key, (0.0, ""))[0]:
+                self._until[key] = (until, asked)
 
-    def remaining(self, key: str) -> float:
+    def pending(self, key: str) -> tuple[float, str]:
+        """Seconds left of the pause, and the wait its 429 asked."""
         with self._lock:
-            return max(0.0, self._until.get(key, 0.0) - time.monotonic())
+            until, asked = self._until.get(key, (0.0, ""))
+            return max(0.0, until - time.monotonic()), asked
 
 
 SHARED_BACKOFF = _SharedBackoff()
@@ -125,6 +136,19 @@ def short_reason(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) 
     return f"{prefix}: {text}"
 
 
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g}"
+
+
+def rate_limit_reason(asked: float | None, delay: float) -> str:
+    """Why a run ends when a 429's wait would pass its deadline: the rate limit and the wait
+    asked (`Retry-After`), else the backoff mm-batch would have waited (SPEC 6)."""
+    wait = (
+        f"Retry-After {_seconds(asked)} s" if asked is not None else f"backoff {_seconds(delay)} s"
+    )
+    return f"rate limited (429, {wait}): the task's deadline comes first"
+
+
 class _OverdueError(Exception):
     """A call's thread did not answer within its timeout and grace."""
 
@@ -163,10 +187,19 @@ def ask(
     5xx are tried again after a backoff (at least what `Retry-After` asks; a 429 pauses every
     run of `pause_key` alike); a malformed answer or a refusal is a `ModelError` at once, and
     no call, retry or wait outlives `deadline` (time.monotonic()): that is a
-    `ModelDeadlineError`."""
+    `ModelDeadlineError`, a `ModelRateLimitError` where a 429's wait would pass it."""
     last: BaseException | None = None
+    began = time.monotonic()
     for attempt in range(1, retries.tries + 1):
-        _wait(SHARED_BACKOFF.remaining(pause_key), deadline, retries.sleep)
+        paused, asked_then = SHARED_BACKOFF.pending(pause_key)
+        if paused > 0 and time.monotonic() + paused >= deadline:
+            # Another run's (or this run's) 429 asked for a pause that outlasts the task.
+            raise ModelRateLimitError(
+                asked_then or rate_limit_reason(None, paused),
+                attempts=attempt - 1,
+                latency_s=time.monotonic() - began,
+            ) from last
+        _wait(paused, deadline, retries.sleep)
         left = deadline - time.monotonic()
         if left <= 0:
             raise ModelDeadlineError(DEADLINE_REASON)
@@ -191,10 +224,17 @@ def ask(
             delay = retries.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
             asked = retry_after_s(last)
             delay = max(delay, asked) if asked is not None else delay
+            limited = status_code(last) == 429
             if time.monotonic() + delay >= deadline:
+                if limited:  # said as what it is, with the wait asked: no mere timeout
+                    raise ModelRateLimitError(
+                        rate_limit_reason(asked, delay),
+                        attempts=attempt,
+                        latency_s=time.monotonic() - began,
+                    ) from last
                 raise ModelDeadlineError(DEADLINE_REASON) from last
-            if status_code(last) == 429:
-                SHARED_BACKOFF.pause(pause_key, delay)  # the others wait with this run
+            if limited:  # the others wait with this run
+                SHARED_BACKOFF.pause(pause_key, delay, rate_limit_reason(asked, delay))
             else:
                 retries.sleep(delay)
     assert last is not None

@@ -19,6 +19,7 @@ from mm_batch.run.ports import (
     ModelClient,
     ModelDeadlineError,
     ModelError,
+    ModelRateLimitError,
     ModelReply,
     ToolCallRequest,
 )
@@ -126,6 +127,10 @@ class AgentLoop:
             with self.in_flight.doing(WAITING_FOR_THE_MODEL):
                 try:
                     reply = self.client.complete(messages, schemas, remaining)
+                except ModelRateLimitError as exc:  # a 429 whose wait passes the deadline
+                    if exc.attempts:
+                        self._record_unanswered(exc.attempts, exc.latency_s)
+                    return LoopEnd(failure=str(exc))
                 except ModelDeadlineError:
                     return LoopEnd(failure=timeout_reason(task.timeout, self.in_flight.now()))
                 except ModelError as exc:
@@ -264,6 +269,10 @@ class AgentLoop:
                 for c in reply.tool_calls
             ]
         return message
+
+    def _record_unanswered(self, attempts: int, latency_s: float) -> None:
+        """The record of a turn whose requests got no answer (SPEC 7: its `attempts`)."""
+        self.emit(ModelRecord(latency_s, None, None, None, (), None, attempts))
 
     def _record_model(self, reply: ModelReply) -> None:
         self.emit(

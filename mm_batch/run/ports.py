@@ -153,6 +153,17 @@ class ModelDeadlineError(ModelError):
     """The task's deadline came before the model answered (a call, a retry or its backoff)."""
 
 
+class ModelRateLimitError(ModelDeadlineError):
+    """The provider answered 429 and asked for a wait that would pass the task's deadline: the
+    run fails with this reason (SPEC 6). `attempts`: the requests sent for the turn (0 when it
+    waited on another run's 429 and sent none); `latency_s`: how long the turn took."""
+
+    def __init__(self, reason: str, *, attempts: int, latency_s: float) -> None:
+        super().__init__(reason)
+        self.attempts = attempts
+        self.latency_s = latency_s
+
+
 class ModelClient(Protocol):
     def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
