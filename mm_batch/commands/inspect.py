@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
+from mm_batch.config.agent import ProgramProblem
 from mm_batch.config.load import load_agent_file, load_any, load_tasks
 from mm_batch.config.model import TasksFile
-from mm_batch.config.problems import Problem
+from mm_batch.config.problems import ConfigError, Problem
 from mm_batch.config.secrets import masker_of
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, make_plan
@@ -27,6 +28,12 @@ def show_warnings(warnings: Iterable[Problem]) -> None:
         click.echo(str(warning), err=True)
 
 
+def _refused_programs(warnings: Iterable[Problem]) -> list[Problem]:
+    """`validate` is stricter than `run` about tool programs: a run would start and answer each
+    call "program not found"; a check before the run says it, as an error (SPEC 1 allows it)."""
+    return [w.as_error() for w in warnings if isinstance(w, ProgramProblem) and w.refuses]
+
+
 def validate(path: Path) -> int:
     """Check a tasks file with every agent it names, or one agent file; say which it took."""
     loaded = load_any(path)
@@ -34,11 +41,14 @@ def validate(path: Path) -> int:
         # Planned as a bare `run` would be: what only the plan finds (a JUnit classname two
         # models share, an unknown local model) is an error here too.
         make_plan(loaded, Overrides())
-        show_warnings(loaded.warnings)
+    refused = _refused_programs(loaded.warnings)
+    show_warnings(w for w in loaded.warnings if not (isinstance(w, ProgramProblem) and w.refuses))
+    if refused:
+        raise ConfigError(refused)
+    if isinstance(loaded, TasksFile):
         agents = _count(len(loaded.agents), "agent file")
         click.echo(f"{path}: tasks file, {_count(len(loaded.tasks), 'task')}, {agents}: fine")
     else:
-        show_warnings(loaded.warnings)
         tools = _count(len(loaded.tools), "declared tool")
         click.echo(f"{path}: agent file, {tools}: fine")
     return ExitCode.PASSED

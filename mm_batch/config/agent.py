@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,7 +46,7 @@ from mm_batch.config.model import (
 from mm_batch.config.paths import path_kind, program_problem, sha256, unusable
 from mm_batch.config.problems import Problem
 from mm_batch.config.skills import read_skill_folders
-from mm_batch.config.yamlnodes import At, Reader, excerpt
+from mm_batch.config.yamlnodes import At, Reader, excerpt, one_edit_apart
 
 TOOL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -73,6 +75,26 @@ class _Agent:
     reader: Reader
     expander: Expander
     directory: Path
+    # Tools whose entry has errors, by the name they give: a rule naming one is no error of
+    # its own (the knock-on of a typo inside the tool would be printed before its cause).
+    broken_tools: set[str] = field(default_factory=set)
+    findings: list[Problem] = field(default_factory=list)  # about tool programs: see below
+
+
+WARNING = "warning: "
+
+
+@dataclass(frozen=True)
+class ProgramProblem(Problem):
+    """A tool's program as this machine has it (missing, not executable, not on the PATH).
+    `run` says it as a warning, since each call would only be answered "program not found";
+    `validate` refuses it where `refuses` is set (where the tool runs on this machine's
+    files), and warns otherwise (a docker sandbox's image may hold what the host lacks)."""
+
+    refuses: bool = True
+
+    def as_error(self) -> Problem:
+        return Problem(self.file, self.line, self.path, self.message.removeprefix(WARNING))
 
 
 # -- model options ------------------------------------------------------------------------
@@ -502,14 +524,77 @@ TOOL: tuple[Key[_Agent, Any], ...] = (
 )
 
 
-def _tools(ctx: _Agent, at: At, _: Fields) -> tuple[ToolSpec, ...] | None:
+def _given_name(item: At) -> list[str]:
+    """The name a tool entry gives, read as written (the entry has errors): `name`, or a key
+    one edit away from it."""
+    if not isinstance(item.node, yaml.MappingNode):
+        return []
+    return [
+        str(value.value)
+        for key, value in item.node.value
+        if isinstance(key, yaml.ScalarNode)
+        and isinstance(value, yaml.ScalarNode)
+        and (key.value == "name" or one_edit_apart(str(key.value), "name"))
+    ]
+
+
+def _program_findings(
+    ctx: _Agent, command_at: At | None, tool: ToolSpec, kind: str
+) -> list[Problem]:
+    """What this machine says of a tool's program (argv[0]): under the agent's folder, it must
+    be there and executable wherever the tools run (the docker workspace is a copy of the
+    folder); a name on the PATH or an absolute path is looked for here when the tools run on
+    the host, and only warned about for docker, whose image may hold it."""
+    if command_at is None or not isinstance(command_at.node, yaml.SequenceNode):
+        return []
+    at = At(command_at.node.value[0], command_at.index(0))
+    program = tool.command[0]
+    shown = excerpt(program)
+    if "\x00" in program:
+        return []
+    if "/" in program:
+        path = Path(os.path.normpath(tool.workdir / program))
+        inside = path == ctx.directory or ctx.directory in path.parents
+        if not inside and kind == "docker":
+            if os.path.lexists(path):
+                return []
+            message = f"the program {shown} is not on this machine: the sandbox image must have it"
+            return [_finding(ctx, at, message, refuses=False)]
+        if not os.path.lexists(path):
+            return [_finding(ctx, at, f"the program {shown} is not there ({path})")]
+        if path.is_file() and not os.access(path, os.X_OK):
+            fix = f"chmod +x {excerpt(str(path))}"
+            return [_finding(ctx, at, f"the program {shown} is not executable: {fix}")]
+        return []
+    search = tool.env.get("PATH", os.environ.get("PATH", ""))
+    if shutil.which(program, path=search) is not None:
+        return []
+    if kind == "docker":
+        message = (
+            f"the program {shown} is not on this machine's PATH: the sandbox image must have it"
+        )
+        return [_finding(ctx, at, message, refuses=False)]
+    message = (
+        f"the program {shown} is not on this machine's PATH, where the tools run (sandbox: host)"
+    )
+    return [_finding(ctx, at, message)]
+
+
+def _finding(ctx: _Agent, at: At, message: str, *, refuses: bool = True) -> ProgramProblem:
+    return ProgramProblem(ctx.reader.file, at.line, at.path, WARNING + message, refuses)
+
+
+def _tools(ctx: _Agent, at: At, agent: Fields) -> tuple[ToolSpec, ...] | None:
     reader = ctx.reader
     tools: list[ToolSpec] = []
     seen: dict[str, int] = {}
+    sandbox = agent[SANDBOX_KEY]
+    kind = sandbox.kind if sandbox is not None else "host"
     for item in reader.sequence(at) or []:
         before = len(reader.problems)
         fields = read_fields(ctx, item, TOOL)
         if fields is None or len(reader.problems) > before:
+            ctx.broken_tools.update(_given_name(item))
             continue
         name, command = fields[TOOL_NAME], fields[COMMAND]
         if name is None or command is None:
@@ -523,18 +608,18 @@ def _tools(ctx: _Agent, at: At, _: Fields) -> tuple[ToolSpec, ...] | None:
             continue
         seen[name] = item.line
         env = fields[ENV]
-        tools.append(
-            ToolSpec(
-                name=name,
-                description=fields[TOOL_DESCRIPTION] or "",
-                params=fields[PARAMETERS] or (),
-                command=command,
-                workdir=fields[WORKDIR] or ctx.directory,
-                timeout=fields[TIMEOUT],
-                env=env or {},
-                repeatable=fields[REPEATABLE] is True,
-            )
+        tool = ToolSpec(
+            name=name,
+            description=fields[TOOL_DESCRIPTION] or "",
+            params=fields[PARAMETERS] or (),
+            command=command,
+            workdir=fields[WORKDIR] or ctx.directory,
+            timeout=fields[TIMEOUT],
+            env=env or {},
+            repeatable=fields[REPEATABLE] is True,
         )
+        ctx.findings.extend(_program_findings(ctx, fields.given(COMMAND), tool, kind))
+        tools.append(tool)
     return tuple(tools)
 
 
@@ -574,6 +659,17 @@ def _arg_patterns(reader: Reader, at: At, tool: ToolSpec | None) -> dict[str, st
         else:
             value = typed_value(reader, pat, param.type)
             text = None if value is None else render_value(value)
+        if text is not None and param is not None and param.enum is not None:
+            allowed = [render_value(v) for v in param.enum]
+            # `*` is the only wildcard, and never covers a `/` (SPEC 4).
+            pattern = re.compile("[^/]*".join(re.escape(part) for part in text.split("*")))
+            if not any(pattern.fullmatch(v) for v in allowed):
+                reader.problem(
+                    pat,
+                    f"'{excerpt(text)}' can never match: '{param.name}' is one of "
+                    f"{', '.join(allowed)}",
+                )
+                continue
         if text is not None:
             patterns[pname] = text
     return patterns
@@ -616,7 +712,8 @@ def _allow_rules(ctx: _Agent, at: At, agent: Fields) -> tuple[AllowRule, ...] | 
             )
             continue
         if not names_a_tool(name, tools, builtins, mcp):
-            reader.problem(tool_at, unknown_tool(name, tools, builtins))
+            if name not in ctx.broken_tools:  # else its cause is reported, in the tool
+                reader.problem(tool_at, unknown_tool(name, tools, builtins))
             continue
         patterns = _arg_patterns(reader, args_at, tools.get(name)) if args_at else None
         rules.append(AllowRule(index, tool=name, args=patterns))
@@ -694,6 +791,7 @@ def read_agent(
         return None
     allow_at, rules = fields.given(ALLOW), fields[ALLOW] or ()
     warnings = glob_warnings(reader, allow_at, rules) if allow_at is not None else []
+    warnings += ctx.findings
     if len(reader.problems) > before:
         return None
     given: dict[str, Any] = {

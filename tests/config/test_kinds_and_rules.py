@@ -25,6 +25,7 @@ tools:
 
 
 def test_validate_says_which_kind_of_file_it_read(cli: Cli, tmp_path: Path) -> None:
+    write(tmp_path, "release.sh", "#!/bin/sh\n").chmod(0o755)  # validate looks for it
     write(tmp_path, "agent.yaml", AGENT)
     write(tmp_path, "other.yaml", AGENT)
     write(
