@@ -38,7 +38,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -91,9 +91,17 @@ done
 """
 # Run as the tools' uid once the sweep found none of their processes: empty /tmp, /dev/shm and
 # /dev/mqueue, the places outside the workspace a tool can write (what a call left there:
-# dotfiles, .pth files, caches, queues), make the next call's HOME and TMPDIR
-# ($1), then say which program copies ($2 $3, ... pairs of copy and original) the originals
-# still equal. Prints `ready` at the end; `kept NAME` for what could not be removed.
+# dotfiles, .pth files, caches, POSIX shared memory, semaphores and queues); remove every SysV
+# IPC object (message queues with their messages, shared memory, semaphores), then read the
+# kernel's own list of them again; make the next call's HOME and TMPDIR ($1), then say which
+# program copies ($2 $3, ... pairs of copy and original) the originals still equal. Prints
+# `ready` at the end; `kept WHAT` for what could not be removed, and `no ipcrm` when the image
+# lacks the program that removes SysV objects.
+# The container has an IPC namespace of its own, where only tools and checks make objects, and
+# checks run last: whatever is listed was made by the tools' uid, whose processes may remove
+# it (the creator may, whoever it made the owner since), and no root exec of ours could (that
+# needs CAP_SYS_ADMIN). The second reading uses the shell alone: a missing or lying `ipcrm`
+# cannot make it say clean.
 _RESET = r"""
 h=$1; shift
 cd / || exit 4
@@ -104,6 +112,16 @@ for d in /tmp /dev/shm /dev/mqueue; do
     rm -rf "$f" 2>/dev/null
     { [ -e "$f" ] || [ -L "$f" ]; } && echo "kept $f"
   done
+done
+for k in msg:q shm:m sem:s; do
+  t=${k%:*}; f=/proc/sysvipc/$t; a=
+  [ -e "$f" ] || continue
+  { read -r _; while read -r _ i _; do a="$a -${k#*:} $i"; done; } <"$f"
+  if [ -n "$a" ]; then
+    command -v ipcrm >/dev/null 2>&1 || echo "no ipcrm"
+    ipcrm $a >/dev/null 2>&1
+  fi
+  { read -r _; while read -r _ i _; do echo "kept SysV $t $i"; done; } <"$f" || echo "kept $f"
 done
 mkdir -m 700 "$h" && mkdir -m 700 "$h/tmp" || exit 5
 while [ $# -ge 2 ]; do
@@ -565,6 +583,13 @@ class DockerSandbox:
                 # strace and debuggers that tools may legitimately run.
                 user=ROOT,
                 network_mode=self.spec.network,
+                # An IPC namespace of the container's own, which no other container may join:
+                # what its calls make there is theirs alone, for the reset to remove. Shared
+                # memory no process holds is destroyed at once (defence in depth: a segment
+                # left by a call is gone with its last process, even in an image the reset
+                # cannot remove SysV objects in).
+                ipc_mode="private",
+                sysctls={"kernel.shm_rmid_forced": "1"},
                 cap_drop=["ALL"],
                 cap_add=["KILL"],
                 security_opt=["no-new-privileges"],
@@ -819,6 +844,7 @@ class DockerSandbox:
         try:
             self.start()
             self._settle()
+            self._new_oom_kill()  # the count so far: no tool process is alive to add to it
             exec_id = self._create_exec(
                 argv,
                 self._check_user,
@@ -829,7 +855,19 @@ class DockerSandbox:
         except (SandboxError, _EngineError) as exc:
             return self._failed(begun, f"{exc}", EMPTY, EMPTY, started=False)
         call = _Call(argv, argv, str(container_workdir), self._check_uid, None)
-        return self._run_call(exec_id, call, begun, timeout, cancel, sweep_after=False)
+        result = self._run_call(exec_id, call, begun, timeout, cancel, sweep_after=False)
+        # Only the check's processes ran meanwhile: one the kernel killed for memory (a scan in
+        # a pipe, say) leaves a verdict that cannot be trusted, whatever the check's exit.
+        ended = result.error is None and not (result.timed_out or result.interrupted)
+        if ended and self._new_oom_kill():
+            return replace(
+                result,
+                error=(
+                    "a process of the check was killed: out of memory (the sandbox limit is "
+                    f"{self.spec.memory})"
+                ),
+            )
+        return result
 
     def _run_call(
         self,
@@ -1211,7 +1249,15 @@ class DockerSandbox:
             raise _EngineError(f"cannot make a fresh HOME for the next call ({detail})")
         kept = [line.removeprefix("kept ") for line in lines if line.startswith("kept ")]
         if kept:
-            raise _EngineError(f"what a call left in {', '.join(kept[:3])} could not be removed")
+            hint = (
+                f"; image {self.spec.image} has no ipcrm program, which removes them: add it "
+                "(util-linux or busybox)"
+                if "no ipcrm" in lines
+                else ""
+            )
+            raise _EngineError(
+                f"what a call left in {', '.join(kept[:3])} could not be removed{hint}"
+            )
         self._same = {line.removeprefix("same ") for line in lines if line.startswith("same ")}
         self._home = home
 
@@ -1225,7 +1271,7 @@ class DockerSandbox:
                 self._sweep_failure = sweeper.failure
         if self._sweep_failure is not None:
             raise SandboxError(
-                f"the previous call's processes could not be stopped: {self._sweep_failure}"
+                f"what the previous call left could not be cleared away: {self._sweep_failure}"
             )
 
     def _sweep(self, uid: int) -> None:

@@ -8,6 +8,7 @@ and program x how the kernel refuses it. Marker files say what really happened.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +16,15 @@ from typing import Any
 
 import pytest
 
-from mm_batch.config.model import SandboxSpec
+from mm_batch.config.model import Expect, SandboxSpec
 from mm_batch.effects import docker as docker_effects
 from mm_batch.effects.docker import DockerSandbox
 from mm_batch.effects.host import HostExecutor
+from mm_batch.run.judge import CheckRun, judge
 from mm_batch.run.ports import ExecResult, Executor, PinnedProgram
-from tests.docker_support import BASE_IMAGE, TEST_IMAGE, require_image
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
+from tests.conftest import model_args, read_calls
+from tests.docker_support import BASE_IMAGE, TEST_IMAGE, build_image_without, require_image
 
 pytestmark = pytest.mark.docker
 
@@ -76,15 +80,17 @@ def test_no_leftover_of_a_call_sees_the_next_call(
     time.sleep(0.3)  # the leftover is well under way before the next call
     victim = sh(box, tmp_path, "sleep 1; echo done", {"MM_SECRET": SECRET})
     assert victim.exit_code == 0 and victim.stdout.data == b"done\n"
-    seen = sh(box, tmp_path, "ps -o user,args | grep -v ' ps ' ; cat stolen 2>/dev/null; true")
+    seen = sh(box, tmp_path, 'echo "me $$"; ps -o pid,ppid,user,args; cat stolen 2>/dev/null; :')
     listed = seen.stdout.data.decode()
     assert SECRET not in listed
     assert SECRET not in (
         (tmp_path / "stolen").read_text() if (tmp_path / "stolen").exists() else ""
     )
-    # Nothing of the tools' uid is left but the listing call itself.
-    tool_lines = [line for line in listed.splitlines() if line.startswith("sandbox")]
-    assert all("ps -o" in line or "grep" in line or "sh -c" in line for line in tool_lines), listed
+    # Nothing of the tools' uid is left but the listing call itself (its shell and children).
+    me = listed.split()[1]
+    rows = [line.split(None, 3) for line in listed.splitlines()[2:]]
+    tools = [row for row in rows if len(row) == 4 and row[2] == "sandbox"]
+    assert tools and all(me in (pid, parent) for pid, parent, _, _ in tools), listed
 
 
 def test_a_fork_bomb_left_running_is_swept_and_confirmed(
@@ -310,3 +316,276 @@ def test_a_program_printing_the_runtimes_words_still_counts_as_started(
     # Unpinned (made during the run), it is still started: the words are anyone's to print.
     unpinned = executor.execute(["./tool.sh"], tmp_path, {}, 30)
     assert unpinned.started, unpinned
+
+
+# -- call x the IPC objects it leaves (SysV and POSIX) ------------------------------------------
+
+# Makes (`make KIND HOW`) or looks for (`look KIND`) an IPC object of KIND under one key/name;
+# its content is MARK. HOW: `left` (its maker exits), `held` (a process left running holds it,
+# for the sweep to kill), `chowned` (its owner set to the check's uid, which IPC_SET allows the
+# creator). `look` prints how many the kernel lists and what it reads from one, if any.
+_IPC = r"""
+import ctypes, os, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+action, kind = sys.argv[1], sys.argv[2]
+KEY, MARK, SIZE = 0x4D4D4242, b"LEFTOVER-OF-AN-EARLIER-CALL", 1 << 20
+IPC_CREAT, IPC_SET, IPC_STAT, GETVAL, SETVAL, O_CREAT, O_RDWR = 0o1000, 1, 2, 12, 16, 0o100, 2
+
+
+class Msg(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_long), ("text", ctypes.c_char * 64)]
+
+
+def ok(value):
+    if value == -1:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    return value
+
+
+if action == "look":
+    if kind.startswith("posix"):
+        folder = "/dev/mqueue" if kind == "posix-mq" else "/dev/shm"
+        names = os.listdir(folder)
+        print(len(names), open(f"{folder}/{names[0]}", "rb").read()[:64] if names else "none")
+        sys.exit(0)
+    listed = open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
+    if kind == "msg":
+        ident, message = libc.msgget(KEY, 0), Msg()
+        got = ident != -1 and libc.msgrcv(ident, ctypes.byref(message), 64, 0, 0o4000) > 0
+        seen = message.text if got else "none"
+    elif kind == "shm":
+        ident = libc.shmget(KEY, 0, 0)
+        at = libc.shmat(ident, None, 0o10000) if ident != -1 else None  # SHM_RDONLY
+        failed = at in (None, ctypes.c_void_p(-1).value)
+        seen = "none" if failed else ctypes.string_at(at, len(MARK))
+    else:
+        ident = libc.semget(KEY, 0, 0)
+        seen = libc.semctl(ident, 0, GETVAL) if ident != -1 else "none"
+    print(len(listed), seen)
+    sys.exit(0)
+
+how = sys.argv[3]
+if kind == "posix-mq":
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    queue = ok(libc.mq_open(b"/mm-batch-left", O_CREAT | O_RDWR, 0o666, None))
+    ok(libc.mq_send(queue, MARK, len(MARK), 0))
+elif kind == "posix-shm":
+    with open("/dev/shm/mm-batch-left", "wb") as f:
+        os.chmod(f.name, 0o666)
+        f.write(MARK)
+elif kind == "msg":
+    ident = ok(libc.msgget(KEY, IPC_CREAT | 0o666))
+    ok(libc.msgsnd(ident, ctypes.byref(Msg(1, MARK)), 64, 0))
+    control = libc.msgctl
+elif kind == "shm":
+    ident = ok(libc.shmget(KEY, SIZE, IPC_CREAT | 0o666))
+    at = libc.shmat(ident, None, 0)
+    ctypes.memmove(at, MARK, len(MARK))
+    control = libc.shmctl
+else:
+    ident = ok(libc.semget(KEY, 1, IPC_CREAT | 0o666))
+    ok(libc.semctl(ident, 0, SETVAL, 4242))
+    control = lambda ident, command, buf: libc.semctl(ident, 0, command, buf)
+if how == "chowned" and not kind.startswith("posix"):
+    buf = ctypes.create_string_buffer(512)
+    ok(control(ident, IPC_STAT, buf))
+    struct.pack_into("II", buf, 4, 65532, 65532)  # ipc_perm: key, then uid and gid
+    ok(control(ident, IPC_SET, buf))
+if kind == "shm" and how != "held":
+    ok(libc.shmdt(ctypes.c_void_p(at)))
+print("made")
+sys.stdout.flush()
+if how == "held" and os.fork() == 0:
+    os.setsid()
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    time.sleep(100000)
+"""
+IPC_KINDS = ("msg", "shm", "sem", "posix-mq", "posix-shm")
+IPC_HOWS = ("left", "held", "chowned")
+
+
+def _make_ipc(box: DockerSandbox, folder: Path, kind: str, how: str) -> None:
+    made = box.execute(["python3", "-c", _IPC, "make", kind, how], folder, {}, 30)
+    assert made.exit_code == 0 and made.stdout.data == b"made\n", made
+
+
+@pytest.mark.parametrize("how", IPC_HOWS)
+@pytest.mark.parametrize("kind", IPC_KINDS)
+def test_no_ipc_object_of_a_call_reaches_the_next_call(
+    base_box: DockerSandbox, tmp_path: Path, kind: str, how: str
+) -> None:
+    _make_ipc(base_box, tmp_path, kind, how)
+    later = base_box.execute(["python3", "-c", _IPC, "look", kind], tmp_path, {}, 30)
+    assert later.exit_code == 0, later
+    assert later.stdout.data == b"0 none\n", later  # nothing listed, nothing to read
+
+
+@pytest.mark.parametrize("how", IPC_HOWS)
+@pytest.mark.parametrize("kind", IPC_KINDS)
+def test_no_ipc_object_of_a_call_reaches_the_check(
+    base_box: DockerSandbox, tmp_path: Path, kind: str, how: str
+) -> None:
+    _make_ipc(base_box, tmp_path, kind, how)
+    check = base_box.execute_check(["python3", "-c", _IPC, "look", kind], tmp_path, 30, None)
+    assert check.exit_code == 0 and check.error is None, check
+    assert check.stdout.data == b"0 none\n", check
+
+
+@pytest.fixture(scope="module")
+def image_without_ipcrm(docker_client: Any) -> Iterator[str]:
+    require_image(docker_client, BASE_IMAGE)
+    tag = build_image_without(docker_client, "ipcrm", base=BASE_IMAGE)
+    yield tag
+    with contextlib.suppress(Exception):
+        docker_client.images.remove(tag, force=True)
+
+
+@pytest.mark.parametrize("kind", ("msg", "sem"))
+def test_an_ipc_object_the_reset_cannot_remove_makes_the_next_call_a_sandbox_error(
+    docker_client: Any, tmp_path: Path, image_without_ipcrm: str, kind: str
+) -> None:
+    box = _box(docker_client, tmp_path, f"no-ipcrm-{kind}", image_without_ipcrm)
+    try:
+        _make_ipc(box, tmp_path, kind, "left")
+        later = sh(box, tmp_path, "touch ran-after")
+        assert later.sandbox_failed and not later.started, later
+        assert f"SysV {kind} 0" in (later.error or "") and "ipcrm" in (later.error or "")
+        assert not (tmp_path / "ran-after").exists()
+        check = box.execute_check(["touch", "check-ran"], tmp_path, 30, None)
+        assert check.sandbox_failed and not (tmp_path / "check-ran").exists()
+    finally:
+        box.close()
+
+
+def test_shared_memory_dies_with_its_last_user_even_where_no_ipcrm_is(
+    docker_client: Any, tmp_path: Path, image_without_ipcrm: str
+) -> None:
+    # kernel.shm_rmid_forced in the container: a segment no process holds is gone at once.
+    box = _box(docker_client, tmp_path, "no-ipcrm-shm", image_without_ipcrm)
+    try:
+        for how in ("left", "held"):
+            _make_ipc(box, tmp_path, "shm", how)
+            later = box.execute(["python3", "-c", _IPC, "look", "shm"], tmp_path, {}, 30)
+            assert later.exit_code == 0 and later.stdout.data == b"0 none\n", later
+    finally:
+        box.close()
+
+
+@pytest.mark.parametrize("how", IPC_HOWS)
+def test_the_reset_removes_shared_memory_where_the_kernel_would_keep_it(
+    docker_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    # The same container without kernel.shm_rmid_forced: the reset alone must remove it.
+    from docker.models.containers import ContainerCollection
+
+    require_image(docker_client, BASE_IMAGE)
+    create = ContainerCollection.create
+    dropped: list[str] = []
+
+    def without_the_sysctl(self: Any, *args: Any, **kwargs: Any) -> Any:
+        dropped.extend(kwargs.pop("sysctls"))
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(ContainerCollection, "create", without_the_sysctl)
+    box = _box(docker_client, tmp_path, f"shm-kept-{how}", BASE_IMAGE)
+    try:
+        _make_ipc(box, tmp_path, "shm", how)
+        assert dropped == ["kernel.shm_rmid_forced"]
+        later = box.execute(["python3", "-c", _IPC, "look", "shm"], tmp_path, {}, 30)
+        assert later.exit_code == 0 and later.stdout.data == b"0 none\n", later
+    finally:
+        box.close()
+
+
+# -- a check's own processes killed -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signal", ("KILL", "TERM", "SEGV", "ABRT"))
+def test_a_check_killed_by_a_signal_never_passes(
+    box: DockerSandbox, tmp_path: Path, signal: str
+) -> None:
+    check = box.execute_check(["sh", "-c", f"kill -{signal} $$; exit 0"], tmp_path, 30, None)
+    assert check.exit_code is not None and check.exit_code > 128, check
+    (judged,) = judge(Expect(), [], None, CheckRun(check.exit_code, ""))
+    assert judged.name == "check" and not judged.ok
+
+
+def test_a_check_whose_process_is_killed_out_of_memory_is_not_a_pass(
+    base_box: DockerSandbox, tmp_path: Path
+) -> None:
+    # The check's scan is killed, and the shell around it goes on to exit 0: the kill shows.
+    scan = "python3 -c 'x = bytearray(1 << 30)' 2>/dev/null; echo scanned $?; exit 0"
+    check = base_box.execute_check(["sh", "-c", scan], tmp_path, 60, None)
+    assert check.stdout.data == b"scanned 137\n", check  # SIGKILL, by the OOM killer
+    assert check.exit_code == 0
+    assert (
+        check.error
+        == "a process of the check was killed: out of memory (the sandbox limit is 256m)"
+    )
+    assert not check.sandbox_failed
+
+
+# -- end to end: leftovers that would starve the check -------------------------------------------
+
+_SHM_HOG = """#!/bin/sh
+# Leaves ~480 MiB of SysV shared memory behind (no process, nothing in /tmp), after the
+# forbidden change the check must find.
+touch bad.txt
+python3 -c '
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+for i in range(6):
+    ident = libc.shmget(0x5000 + i, 80 << 20, 0o1666)
+    at = libc.shmat(ident, None, 0)
+    ctypes.memset(at, 0x41, 80 << 20)
+    libc.shmdt(ctypes.c_void_p(at))
+'
+echo left
+"""
+_SCAN_CHECK = """#!/bin/sh
+# Needs ~200 MiB to scan; fails when it finds the forbidden change.
+if python3 -c '
+import os
+x = bytearray(200 << 20)
+print("FOUND" if os.path.exists("bad.txt") else "clean")
+' | grep -q FOUND; then echo "forbidden change found"; exit 1; fi
+echo "no forbidden change"; exit 0
+"""
+
+
+@pytest.mark.parametrize("hog", (True, False))
+def test_a_tool_leaving_shared_memory_cannot_starve_a_failing_check_into_a_pass(
+    docker_client: Any, cli: Any, fake_model: Any, tmp_path: Path, hog: bool
+) -> None:
+    require_image(docker_client, BASE_IMAGE)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    tool = agent / "t.sh"
+    tool.write_text(_SHM_HOG if hog else "#!/bin/sh\ntouch bad.txt\necho left\n")
+    (agent / "check.sh").write_text(_SCAN_CHECK)
+    for program in (tool, agent / "check.sh"):
+        program.chmod(0o755)
+    (agent / "agent.yaml").write_text(
+        "yolo: true\n"
+        f"sandbox: {{kind: docker, image: {BASE_IMAGE},"
+        " limits: {memory: 256m, workspace: 64m}}\n"
+        'tools: [{name: act, description: Act., command: ["./t.sh"]}]\n'
+    )
+    tasks = agent / "tasks.yaml"
+    tasks.write_text(
+        'agent: agent.yaml\ntasks: [{id: t1, prompt: p1, expect: {check: ["./check.sh"]}}]\n'
+    )
+    fake = fake_model(by_prompt({"p1": [tool_call("act", {}), text("done")]}))
+    out = tmp_path / "out"
+    result = cli("run", tasks, *model_args(fake), "--out", out)
+    assert (out / "calls.jsonl").exists(), result.err
+    (final,) = [r for r in read_calls(out) if r["kind"] == "task"]
+    assert final["status"] == "failed", (final, result.err)
+    assert "forbidden change found" in str(final["checks"])
+    assert result.code == 1

@@ -7,6 +7,7 @@ happened: on the host's files, in the container, and in the call's result.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -87,6 +88,16 @@ def test_no_network(box: DockerSandbox) -> None:
         assert [line.split(":")[0].strip() for line in interfaces.splitlines()[2:]] == ["lo"]
     finally:
         server.close()
+
+
+def test_an_ipc_namespace_of_its_own_where_unheld_shared_memory_dies(
+    box: DockerSandbox, docker_client: Any
+) -> None:
+    said = sh(box, "readlink /proc/self/ns/ipc; cat /proc/sys/kernel/shm_rmid_forced")
+    namespace, forced = said.stdout.data.decode().split()
+    assert namespace != os.readlink("/proc/self/ns/ipc") and forced == "1"
+    config = docker_client.api.inspect_container(box.container_id)["HostConfig"]
+    assert config["IpcMode"] == "private"  # no other container may join it
 
 
 def test_read_only_root_writable_workspace_and_tmp(box: DockerSandbox) -> None:
