@@ -23,6 +23,7 @@ from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerErro
 from mm_batch.effects.llama_client import CachedClient, LlamaClient, check_entry
 from mm_batch.effects.mcp import McpHttpClient
 from mm_batch.effects.model_calls import DEADLINE_REASON
+from mm_batch.effects.providers import check_providers
 from mm_batch.effects.watchdog import start_watchdog
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.report.files import ResultsFolder
@@ -235,6 +236,8 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     server and client, and litellm imported only when another model needs it); the host
     executor or a Docker sandbox (whose copied workspace leaves `out_dir` out); the response
     cache, when the plan has one (a folder it cannot use is a `UsageError` here)."""
+    # A provider litellm cannot use (unknown, its SDK missing) stops here: nothing has started.
+    check_providers(plan)
     if masker is None:  # what `run` masks: its agents' secrets, and every run's options'
         masker = masker_of(plan.tasks_file.agents, (r.model_options for r in plan.runs))
     litellm_used = needs_litellm(plan)

@@ -13,6 +13,7 @@ from mm_batch.config.load import load_agent_file, load_any, load_tasks
 from mm_batch.config.model import TasksFile
 from mm_batch.config.problems import ConfigError, Problem
 from mm_batch.config.secrets import masker_of
+from mm_batch.effects.providers import check_providers
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.run.toolbox import Toolbox
@@ -39,8 +40,9 @@ def validate(path: Path) -> int:
     loaded = load_any(path)
     if isinstance(loaded, TasksFile):
         # Planned as a bare `run` would be: what only the plan finds (a JUnit classname two
-        # models share, an unknown local model) is an error here too.
-        make_plan(loaded, Overrides())
+        # models share, an unknown local model, a provider litellm cannot use) is an error
+        # here too.
+        check_providers(make_plan(loaded, Overrides()))
     refused = _refused_programs(loaded.warnings)
     show_warnings(w for w in loaded.warnings if not (isinstance(w, ProgramProblem) and w.refuses))
     if refused:
@@ -66,6 +68,7 @@ def plan(path: Path, overrides: Overrides, rerun_from: Path | None = None) -> in
     """List the runs a `run` with the same options would do; run nothing."""
     tasks_file = load_tasks(path)
     the_plan = make_plan(tasks_file, overrides)
+    check_providers(the_plan)
     show_warnings(tasks_file.warnings)
     if rerun_from is not None:
         from mm_batch.commands.rerun import read_previous, rerun_plan

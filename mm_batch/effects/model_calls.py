@@ -82,6 +82,19 @@ def is_malformed(exc: BaseException) -> bool:
     return status_code(exc) == 200 or any(mark in str(exc) for mark in _MALFORMED_MARKS)
 
 
+def missing_module(exc: BaseException) -> bool:
+    """The call failed because a module it needs is not installed (a provider's SDK, which
+    litellm reports as a connection error): no retry will install it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ImportError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """Connection errors, timeouts, 429 and 5xx are worth another try; nothing else is."""
     code = status_code(exc)
@@ -213,6 +226,9 @@ def ask(
         except Exception as exc:
             if time.monotonic() >= deadline:
                 raise ModelDeadlineError(DEADLINE_REASON) from exc
+            if missing_module(exc):
+                reason = short_reason(exc, masker)
+                raise ModelError(f"the model's provider cannot be used here: {reason}") from exc
             if is_malformed(exc):
                 reason = short_reason(exc, masker)
                 raise ModelError(f"the model sent a malformed response: {reason}") from exc
