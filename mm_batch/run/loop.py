@@ -271,8 +271,9 @@ class AgentLoop:
         return message
 
     def _record_unanswered(self, attempts: int, latency_s: float) -> None:
-        """The record of a turn whose requests got no answer (SPEC 7: its `attempts`)."""
-        self.emit(ModelRecord(latency_s, None, None, None, (), None, attempts))
+        """The record of a turn whose requests got no answer (SPEC 7: its `attempts`); a
+        refused request is not billed, so it cost nothing."""
+        self.emit(ModelRecord(latency_s, None, None, None, (), None, attempts, cost_usd=0.0))
 
     def _record_model(self, reply: ModelReply) -> None:
         self.emit(

@@ -59,6 +59,7 @@ def test_a_429_asking_past_the_deadline_fails_the_run_naming_the_rate_limit(
     )
     # The turn that got no answer has its record, with the tries it took.
     assert model["kind"] == "model" and model["attempts"] == 1 and model["finish_reason"] is None
+    assert model["cost_usd"] == 0  # a refused request is not billed: --max-cost counts it
     assert len(fake.requests) == 1
     check_report(out / "junit.xml")
     for written in out.rglob("*"):
