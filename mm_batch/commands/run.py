@@ -29,7 +29,7 @@ from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker, masker_of
-from mm_batch.effects.litellm import knows_price, litellm_version
+from mm_batch.effects.litellm import knows_price, litellm_version, price_model
 from mm_batch.effects.mcp import MCP_EXTRA_HINT
 from mm_batch.effects.mcp import installed as mcp_installed
 from mm_batch.errors import ExitCode
@@ -102,7 +102,12 @@ def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
     Without one, none is looked up: nothing counts."""
     if plan.max_cost is None:
         return frozenset()
-    unpriced = frozenset(masker.text(m) for m in plan.models if not knows_price(m))
+    # A run is priced as its `base_model` where it names one (an Azure deployment).
+    unpriced = frozenset(
+        masker.text(r.model)
+        for r in plan.runs
+        if not knows_price(price_model(r.model, r.model_options))
+    )
     for model in sorted(unpriced):
         click.echo(
             f"mm-batch: warning: litellm knows no price for {model}: its calls cannot "

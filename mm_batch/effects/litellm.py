@@ -304,6 +304,7 @@ class LiteLLMClient:
     ) -> None:
         self.model = model
         self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+        self.priced_as = price_model(model, self.options)
         self.masker = masker  # a provider's error may quote the key: masked where it enters
         self.timeout = timeout
         self.cache = cache  # how the run uses the response cache, once `effects.cache.install` ran
@@ -339,10 +340,18 @@ class LiteLLMClient:
             completion.response,
             time.monotonic() - started,
             attempt,
-            model=self.model,
+            model=self.priced_as,
             cached=hit,
             folded_finishes=completion.folded_finishes,
         )
+
+
+def price_model(model: str, options: Mapping[str, Any]) -> str:
+    """The model whose prices a turn costs: `model_options.base_model` when given (an Azure
+    deployment's name says nothing of the model behind it: litellm's documented way), else the
+    model string itself (SPEC 6)."""
+    base = options.get("base_model")
+    return base if isinstance(base, str) and base.strip() else model
 
 
 def _usd(value: object) -> float | None:
