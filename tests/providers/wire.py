@@ -217,3 +217,67 @@ def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
         )
 
     return respond
+
+
+# -- Bedrock Converse API --------------------------------------------------------------------
+
+
+def bedrock_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> str | None:
+    """What Bedrock would refuse: an earlier assistant turn of a reasoning model sent back
+    without its exact `reasoningContent` block (text and signature) first."""
+    thinking_on = "thinking" in json.dumps(body.get("additionalModelRequestFields") or {})
+    assistants = [m for m in body.get("messages", []) if m.get("role") == "assistant"]
+    for n, message in enumerate(assistants):
+        sent = turns[n]
+        if not thinking_on or sent.thinking is None:
+            continue
+        expected = {
+            "reasoningContent": {
+                "reasoningText": {"text": sent.thinking.text, "signature": sent.thinking.signature}
+            }
+        }
+        content = message.get("content") or []
+        if not content or content[0] != expected:
+            return (
+                "The model returned the following errors: messages.1.content.0.type: Expected "
+                "`thinking` or `redacted_thinking`, but found `text`."
+            )
+    return None
+
+
+def bedrock(turns: Sequence[Turn]) -> Respond:
+    """A Bedrock runtime (`POST /model/<id>/converse`) playing `turns` in order."""
+
+    def respond(request: Request) -> Answer:
+        if not request.path.endswith("/converse"):
+            return Answer(404, {"message": f"no route {request.path}"})
+        if not request.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256"):
+            return Answer(403, {"message": "Missing Authentication Token"})
+        problem = bedrock_history_problem(request.body, turns)
+        if problem is not None:
+            return Answer(400, {"message": problem})
+        n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
+        turn = turns[n]
+        content: list[dict[str, Any]] = []
+        if turn.thinking is not None:
+            text, signature = turn.thinking.text, turn.thinking.signature
+            content.append(
+                {"reasoningContent": {"reasoningText": {"text": text, "signature": signature}}}
+            )
+        if turn.text:
+            content.append({"text": turn.text})
+        for i, (name, arguments) in enumerate(turn.calls):
+            content.append(
+                {"toolUse": {"toolUseId": f"tooluse_{n}_{i}", "name": name, "input": arguments}}
+            )
+        return Answer(
+            200,
+            {
+                "output": {"message": {"role": "assistant", "content": content}},
+                "stopReason": "tool_use" if turn.calls else "end_turn",
+                "usage": {"inputTokens": 12, "outputTokens": 7, "totalTokens": 19},
+                "metrics": {"latencyMs": 5},
+            },
+        )
+
+    return respond
