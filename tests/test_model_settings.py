@@ -40,10 +40,19 @@ def test_local_models_rescue_text_calls_by_default(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ("max_parallel=abc", "model option max_parallel must be a whole number >= 1, got 'abc'"),
-        ("max_parallel=0", "model option max_parallel must be a whole number >= 1, got 0"),
+        (
+            "max_parallel=abc",
+            "model option max_parallel must be a whole number from 1 to 1024, got 'abc'",
+        ),
+        (
+            "max_parallel=0",
+            "model option max_parallel must be a whole number from 1 to 1024, got 0",
+        ),
         ("recover_text_tool_calls=yes", "recover_text_tool_calls must be true or false, got 'yes'"),
-        ("timeout=-1", "model option timeout must be a number of seconds > 0, got -1"),
+        (
+            "timeout=-1",
+            "model option timeout must be a number of seconds > 0 and at most 604800, got -1",
+        ),
     ],
 )
 def test_a_bad_own_option_on_the_command_line_is_a_usage_error(
