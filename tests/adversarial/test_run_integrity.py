@@ -220,7 +220,7 @@ def test_a_bug_while_writing_reports_exits_4_and_writes_the_others(
     tasks_file(project, "  - id: plain\n    prompt: plain\n")
     fake = fake_model(by_prompt({"plain": [tool_call("run", {"script": "plain"}), text("ok")]}))
 
-    def broken(*_args: object) -> str:
+    def broken(*_args: object, **_kwargs: object) -> str:
         raise ZeroDivisionError("a bug in the JUnit writer")
 
     monkeypatch.setattr("mm_batch.commands.run.junit_xml", broken)
