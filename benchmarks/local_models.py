@@ -15,8 +15,10 @@ other).
 `--compare REF` runs the same measurements first on the code of git REF (a temporary worktree,
 imported through its own PYTHONPATH, on the same example files), then on this checkout.
 
+`--model-option KEY=VALUE` is passed on to `mm-batch run` (e.g. `call_grammar=off`).
+
 Run: python benchmarks/local_models.py [--repeat N] [--model local/...] [--rescue on|off]
-     [--matrix [--tasks N]] [--compare REF]
+     [--matrix [--tasks N]] [--compare REF] [--model-option KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -75,19 +77,24 @@ def _records(out: Path) -> list[dict[str, object]]:
 
 
 def measure(
-    code: Path, model: str, rescue: bool, repeat: int, work: Path
-) -> tuple[int, int, float, float, float]:
+    code: Path, model: str, rescue: bool, repeat: int, work: Path, options: Sequence[str] = ()
+) -> tuple[int, int, float, float, float, float]:
     example = _example(work, f"release-{model.rsplit('/', 1)[1]}-{rescue}")
     out = example / "out"
     args = ["--model", model, "--repeat", str(repeat)]
     args += ["--model-option", f"recover_text_tool_calls={'true' if rescue else 'false'}"]
+    for option in options:
+        args += ["--model-option", option]
     _wall, cpu = _run(code, example / "tasks.yaml", out, args)
     records = _records(out)
     tasks = [r for r in records if r["kind"] == "task"]
     turns = sum(r["kind"] == "model" for r in records)
+    written = sum(
+        int(str(r.get("completion_tokens") or 0)) for r in records if r["kind"] == "model"
+    )
     passed = sum(r["status"] == "passed" for r in tasks)
     mean_s = sum(float(str(r["duration_s"])) for r in tasks) / len(tasks)
-    return passed, len(tasks), mean_s, turns / len(tasks), cpu / len(tasks)
+    return passed, len(tasks), mean_s, turns / len(tasks), cpu / len(tasks), written / len(tasks)
 
 
 def matrix(code: Path, tasks: int, work: Path) -> None:
@@ -123,18 +130,25 @@ def _keep_first(tasks_file: Path, n: int) -> None:
 
 
 def table(
-    code: Path, models: Sequence[str], rescues: Sequence[bool], repeat: int, work: Path
+    code: Path,
+    models: Sequence[str],
+    rescues: Sequence[bool],
+    repeat: int,
+    work: Path,
+    options: Sequence[str] = (),
 ) -> None:
     print(
         f"  {'model':26} {'rescue':6} {'passes/runs':>11} {'mean s/task':>11} "
-        f"{'turns/task':>10} {'CPU s/task':>10}"
+        f"{'turns/task':>10} {'CPU s/task':>10} {'tokens out/task':>15}"
     )
     for model in models:
         for rescue in rescues:
-            passed, runs, mean_s, turns, cpu = measure(code, model, rescue, repeat, work)
+            passed, runs, mean_s, turns, cpu, written = measure(
+                code, model, rescue, repeat, work, options
+            )
             print(
                 f"  {model:26} {'on' if rescue else 'off':6} {f'{passed}/{runs}':>11} "
-                f"{mean_s:11.1f} {turns:10.1f} {cpu:10.1f}",
+                f"{mean_s:11.1f} {turns:10.1f} {cpu:10.1f} {written:15.1f}",
                 flush=True,
             )
 
@@ -166,6 +180,9 @@ def main() -> int:
     parser.add_argument("--matrix", action="store_true", help="the 2-model local matrix")
     parser.add_argument("--tasks", type=int, default=10, help="matrix tasks (at most 10)")
     parser.add_argument("--compare", metavar="REF", help="first measure the code of git REF")
+    parser.add_argument(
+        "--model-option", action="append", default=[], metavar="KEY=VALUE", help="passed on"
+    )
     options = parser.parse_args()
     rescues = (True, False) if options.rescue is None else (options.rescue == "on",)
     with tempfile.TemporaryDirectory(prefix="mm-batch-bench-") as tmp:
@@ -186,6 +203,7 @@ def main() -> int:
                         rescues,
                         options.repeat,
                         work / label.replace(" ", "-"),
+                        options.model_option,
                     )
     return 0
 

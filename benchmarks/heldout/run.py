@@ -2,11 +2,13 @@
 
 Runs benchmarks/heldout/tasks.yaml (16 requests in four languages over tools that appear nowhere
 else in the project) with `mm-batch run` on each model, one model after the other, and prints per
-model: passes/runs, pass rate, mean seconds per task run and the run's wall time; then one line
-per failing run with its reason, as summary.json states it. Report on this set; never tune on it.
+model: passes/runs, pass rate, mean seconds per task run, the run's wall time and the tokens the
+model wrote per task run; then one line per failing run with its reason, as summary.json states
+it. Report on this set; never tune on it.
 Needs the local extra (pip install -e '.[local]'). Takes a few minutes on 2 cores.
 
 Run: python benchmarks/heldout/run.py [--model local/...] [--repeat N] [--out DIR]
+     [--model-option KEY=VALUE] (passed on to `mm-batch run`, e.g. call_grammar=off)
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ MODELS = ("local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b")
 LOG = "heldout-received.log"
 
 
-def measure(model: str, repeat: int, work: Path) -> tuple[dict[str, Any], float]:
+def measure(
+    model: str, repeat: int, work: Path, options: list[str] | None = None
+) -> tuple[dict[str, Any], float]:
     """Run the set on one model in a fresh copy; return its summary.json and the wall time."""
     copy = work / f"heldout-{model.rsplit('/', 1)[-1]}"
     shutil.rmtree(copy, ignore_errors=True)  # a kept folder of an earlier run is replaced
@@ -46,6 +50,7 @@ def measure(model: str, repeat: int, work: Path) -> tuple[dict[str, Any], float]
             str(repeat),
             "--out",
             str(out),
+            *(arg for option in options or [] for arg in ("--model-option", option)),
         ],
         capture_output=True,
         text=True,
@@ -65,20 +70,27 @@ def main() -> int:
     parser.add_argument("--model", action="append", help="model (repeatable; default both local)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--out", type=Path, help="keep each model's copy and results here")
+    parser.add_argument(
+        "--model-option", action="append", default=[], metavar="KEY=VALUE", help="passed on"
+    )
     options = parser.parse_args()
     failing: list[str] = []
-    print(f"{'model':26} {'passes/runs':>11} {'pass rate':>9} {'mean s/task':>11} {'wall s':>7}")
+    print(
+        f"{'model':26} {'passes/runs':>11} {'pass rate':>9} {'mean s/task':>11} {'wall s':>7} "
+        f"{'tokens out/task':>15}"
+    )
     with tempfile.TemporaryDirectory(prefix="mm-batch-heldout-") as tmp:
         work = options.out or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for model in options.model or MODELS:
-            summary, wall = measure(model, options.repeat, work)
+            summary, wall = measure(model, options.repeat, work, options.model_option)
             for row in summary["models"]:
                 rate = 100 * row["passed"] / row["runs"] if row["runs"] else 0.0
                 passes = f"{row['passed']}/{row['runs']}"
                 print(
                     f"{row['model']:26} {passes:>11} {rate:8.0f}% "
-                    f"{row['mean_s']:11.1f} {wall:7.0f}",
+                    f"{row['mean_s']:11.1f} {wall:7.0f} "
+                    f"{(row.get('completion_tokens') or 0) / max(row['runs'], 1):15.1f}",
                     flush=True,
                 )
             failing += [

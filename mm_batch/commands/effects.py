@@ -20,7 +20,7 @@ from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
 from mm_batch.effects.litellm import LiteLLMClient, load_litellm, start_litellm_import
 from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerError
-from mm_batch.effects.llama_client import CachedClient, LlamaClient, check_entry
+from mm_batch.effects.llama_client import CachedClient, LlamaClient, check_entry, grammar_of
 from mm_batch.effects.mcp import McpHttpClient
 from mm_batch.effects.model_calls import DEADLINE_REASON
 from mm_batch.effects.providers import check_providers
@@ -167,6 +167,9 @@ class _LocalServers:
             options,
             masker=self.masker,
             timeout=spec.settings.timeout,
+            grammar=grammar_of(
+                options, spec.task.agent.tools, rescue=spec.settings.recover_text_tool_calls
+            ),
         )
         local = _LocalClient(client, server, self.turns)
         use = cache_use(self.cache, spec.repeat)

@@ -4,6 +4,12 @@ for it (its import was most of a local run's start-up and memory), yet a turn is
 bounded and recorded as `LiteLLMClient` does it (`effects.model_calls` is that shared part), and
 the server is sent the request litellm sent it.
 
+With a `CallGrammar` (mm-batch's own server), a turn that offers tools is asked natively
+instead: the prompt rendered by the model's own template with the tools as it lists them
+(`/apply-template`), then a completion (`/completion`) bound by a grammar that admits a plain
+answer or one compact call of a declared tool (`tools.call_grammar`); its text is read back as
+the chat endpoint's, for the loop's text rescue to take the call.
+
 Also the response cache around any such client (`CachedClient`): the same folder, entries and
 keys as litellm's cache of the same model (`effects.cache`), without litellm.
 """
@@ -14,15 +20,17 @@ import http.client
 import json
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.config.model import OWN_MODEL_OPTIONS, ToolSpec
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.cache import CacheUse, FolderCache, request_key
 from mm_batch.effects.model_calls import DEFAULT_RETRIES, Retries, ask, field, read_reply, text_of
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
 from mm_batch.run.ports import ModelClient, ModelError, ModelReply
+from mm_batch.tools.call_grammar import LEVELS, Level, call_grammar, tool_shapes
 
 # Far above any completion (a 1 MiB answer is cut in the records anyway): a bigger body is not
 # read into memory, it is a malformed reply.
@@ -183,9 +191,85 @@ def reply_of(response: object, latency_s: float, attempts: int, *, cached: bool)
     )
 
 
+# The native completion's stop types (llama-server's words) as the chat endpoint says them.
+_NATIVE_FINISH = {"limit": "length"}
+# Chat options and their names in the native request; the rest go as they are (`temperature`,
+# `seed`, `top_p`, `stop`...: the same names).
+_NATIVE_NAMES = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
+
+
+# The model option that sets how a local model's calls are bound (`call_grammar: types`), or
+# that they are not (`call_grammar: off`); read here, never sent.
+GRAMMAR_OPTION = "call_grammar"
+DEFAULT_LEVEL: Level = "types"
+
+
+@dataclass(frozen=True)
+class CallGrammar:
+    """How a turn with tools is bound: how much of the declared tools the grammar holds to
+    (`tools.call_grammar.Level`), and the declared tools (their required-ness and allowed
+    values, which the schemas sent never carry)."""
+
+    level: Level
+    declared: Sequence[ToolSpec] = ()
+
+
+def grammar_of(
+    options: Mapping[str, Any], declared: Sequence[ToolSpec], *, rescue: bool
+) -> CallGrammar | None:
+    """The grammar a local model's options ask for (`DEFAULT_LEVEL` unless they say); None
+    when they turn it off, or when calls written as text are not rescued (`rescue`): the
+    grammar's calls are text, and the chat endpoint's native calls are the only ones then.
+    Raises `ModelError` for a value that is no level."""
+    value = options.get(GRAMMAR_OPTION, DEFAULT_LEVEL)
+    off = value in (False, "off", "false")
+    if not off and value not in LEVELS:
+        raise ModelError(
+            f"model option {GRAMMAR_OPTION} must be off or one of {', '.join(LEVELS)}, "
+            f"got {str(value)[:40]!r}"
+        )
+    return None if off or not rescue else CallGrammar(value, tuple(declared))
+
+
+def native_body(
+    prompt: str, tools: list[dict[str, Any]], grammar: CallGrammar, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The `/completion` request of a turn: the rendered prompt, the grammar, the options."""
+    body: dict[str, Any] = {}
+    for key, value in request_body("", [], [], options).items():
+        if key not in ("model", "messages"):
+            body[_NATIVE_NAMES.get(key, key)] = value
+    shapes = tool_shapes(tools, grammar.declared)
+    body.update(
+        prompt=prompt, grammar=call_grammar(shapes, grammar.level).gbnf(), cache_prompt=True
+    )
+    return body
+
+
+def chat_completion_of(native: object) -> object:
+    """A native completion's JSON as the chat endpoint's: its text as the message's content,
+    its stop type as the finish reason, its token counts as the usage. Anything else is
+    returned as it is, for `reply_of` to refuse."""
+    content = field(native, "content")
+    if not isinstance(native, dict) or not isinstance(content, str):
+        return native
+    stop = text_of(native.get("stop_type"))
+    usage = {
+        "prompt_tokens": native.get("tokens_evaluated"),
+        "completion_tokens": native.get("tokens_predicted"),
+    }
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": content},
+        "finish_reason": _NATIVE_FINISH.get(stop or "", "stop"),
+    }
+    return {"object": "chat.completion", "choices": [choice], "usage": usage}
+
+
 class LlamaClient:
     """Asks an OpenAI-compatible server (mm-batch's own llama-server) for a chat completion;
-    retries transient errors with backoff, and only those."""
+    retries transient errors with backoff, and only those. With `grammar`, a turn with tools
+    is asked natively, bound by a grammar (see the module's docstring)."""
 
     def __init__(
         self,
@@ -196,11 +280,19 @@ class LlamaClient:
         masker: Masker,
         timeout: float = DEFAULT_MODEL_TIMEOUT_S,
         retries: Retries = DEFAULT_RETRIES,
+        grammar: CallGrammar | None = None,
     ) -> None:
         """`model`: the name the server is asked for (as litellm sends it: no provider)."""
         self.url = urllib.parse.urlsplit(api_base.rstrip("/") + "/chat/completions")
+        # llama-server's native endpoints are beside /v1, at the server's root.
+        root = api_base.rstrip("/").removesuffix("/v1")
+        self.template_url = urllib.parse.urlsplit(root + "/apply-template")
+        self.completion_url = urllib.parse.urlsplit(root + "/completion")
+        self.grammar = grammar
         self.model = model
-        self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+        self.options = {
+            k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS and k != GRAMMAR_OPTION
+        }
         self.masker = masker  # a server's error may quote a secret: masked where it enters
         self.timeout = timeout
         self.retries = retries
@@ -210,6 +302,8 @@ class LlamaClient:
     ) -> ModelReply:
         """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
         started = time.monotonic()
+        if tools and self.grammar is not None:
+            return self._bound(messages, tools, started + timeout, started)
         body = json.dumps(request_body(self.model, messages, tools, self.options)).encode()
         response, attempt = ask(
             lambda call_timeout: post_json(self.url, body, call_timeout),
@@ -220,6 +314,39 @@ class LlamaClient:
             retries=self.retries,
         )
         return reply_of(response, time.monotonic() - started, attempt, cached=False)
+
+    def _bound(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        deadline: float,
+        started: float,
+    ) -> ModelReply:
+        """A turn with tools, rendered by the server's template and bound by the grammar; both
+        requests are one try, retried together."""
+        assert self.grammar is not None
+        grammar = self.grammar
+        chat = request_body(self.model, messages, tools, {})
+        rendering = json.dumps({"messages": chat["messages"], "tools": tools}).encode()
+
+        def send(call_timeout: float) -> object:
+            rendered = post_json(self.template_url, rendering, call_timeout)
+            prompt = field(rendered, "prompt")
+            if not isinstance(prompt, str):
+                raise MalformedReplyError("a rendered prompt without its text")
+            body = native_body(prompt, tools, grammar, self.options)
+            return post_json(self.completion_url, json.dumps(body).encode(), call_timeout)
+
+        response, attempt = ask(
+            send,
+            call_timeout=self.timeout,
+            deadline=deadline,
+            pause_key=self.url.geturl(),
+            masker=self.masker,
+            retries=self.retries,
+        )
+        completion = chat_completion_of(response)
+        return reply_of(completion, time.monotonic() - started, attempt, cached=False)
 
 
 def completion_of(reply: ModelReply) -> dict[str, Any]:

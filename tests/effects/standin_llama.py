@@ -4,10 +4,15 @@ Run as `python standin_llama.py <llama-server argv...>`. Its settings are enviro
 named as llama-server's own (`LLAMA_...`): mm-batch passes a server no others. It writes its
 argv (JSON) to $LLAMA_STANDIN_DIR/argv-<port>.json and `<port> <time>` to
 $LLAMA_STANDIN_DIR/listening.log once it listens, answers every completion after
-$LLAMA_STANDIN_LATENCY_S seconds with a short text, and appends
+$LLAMA_STANDIN_LATENCY_S seconds with a short text (the texts of the JSON list
+$LLAMA_STANDIN_TEXTS first, in order, then "done"), and appends
 `<port> <start> <end> <max_tokens>` for each to $LLAMA_STANDIN_DIR/calls.log: the intervals in
 which it "computed"; /slots says slot 0 computes while a completion is in flight (and its save
 waits until it is done).
+Besides the chat endpoint (`/v1/chat/completions`) it answers the native ones: `/apply-template`
+renders `TEMPLATE(<messages and tools as JSON>)` as the prompt, and `/completion` answers as the
+chat endpoint does, in the native shape; each request's path and body is appended as a JSON line
+to $LLAMA_STANDIN_DIR/requests.jsonl.
 Slots are saved (`/slots/N?action=save`) as a JSON file of
 the port and the completions answered so far, and restored from such a file only (anything
 else is refused, as llama-server refuses a state it cannot load, and all of it without
@@ -30,6 +35,7 @@ PORT = int(ARGV[ARGV.index("--port") + 1])
 DIR = Path(os.environ["LLAMA_STANDIN_DIR"])
 LATENCY_S = float(os.environ.get("LLAMA_STANDIN_LATENCY_S", "0"))
 PARALLEL = int(ARGV[ARGV.index("--parallel") + 1])
+TEXTS = json.loads(os.environ.get("LLAMA_STANDIN_TEXTS", "[]"))
 SLOTS = Path(ARGV[ARGV.index("--slot-save-path") + 1]) if "--slot-save-path" in ARGV else None
 
 
@@ -50,16 +56,28 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/slots/"):
             self._slot_file(int(self.path.split("/")[2].split("?")[0]), body["filename"])
             return
+        with (DIR / "requests.jsonl").open("a") as log:
+            log.write(json.dumps({"path": self.path, "body": body}) + "\n")
+        if self.path == "/apply-template":
+            self._send({"prompt": f"TEMPLATE({json.dumps(body, sort_keys=True)})"})
+            return
         started = time.time()
         Handler.computing += 1
         time.sleep(LATENCY_S)
         Handler.computing -= 1
         with (DIR / "calls.log").open("a") as log:
-            log.write(f"{PORT} {started} {time.time()} {body.get('max_tokens')}\n")
-        message = {"role": "assistant", "content": "done"}
+            asked = body.get("max_tokens", body.get("n_predict"))
+            log.write(f"{PORT} {started} {time.time()} {asked}\n")
+        text = TEXTS[Handler.answered] if Handler.answered < len(TEXTS) else "done"
+        Handler.answered += 1
+        if self.path == "/completion":
+            self._send(
+                {"content": text, "stop_type": "eos", "tokens_evaluated": 10, "tokens_predicted": 1}
+            )
+            return
+        message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
         usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
-        Handler.answered += 1
         self._send(
             {
                 "id": "x",

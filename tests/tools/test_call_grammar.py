@@ -1,0 +1,229 @@
+"""The call grammar: every text it admits is a plain answer or one call of a declared tool with
+arguments as the level binds them, read by the text rescue as that call; and llama.cpp's own
+grammar reader admits what the tree admits (the GBNF says what the tree says).
+
+Texts are drawn by walking the grammar's tree (`Node`) with hypothesis: each choice, count and
+character is a draw, so every text drawn is one the grammar admits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mm_batch.config.model import ParamSpec, ToolSpec, Value
+from mm_batch.effects.gguf import server_binary
+from mm_batch.tools.call_grammar import (
+    LEVELS,
+    Alt,
+    Chars,
+    Grammar,
+    Level,
+    Lit,
+    Node,
+    ParamShape,
+    Repeat,
+    Seq,
+    ToolShape,
+    call_grammar,
+    tool_shapes,
+)
+from mm_batch.tools.declared import model_schema
+from mm_batch.tools.text_calls import recover_tool_calls
+
+EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DEEPEST = 4  # rule references followed before a walk takes the shortest way out
+TYPES = ("string", "integer", "number", "boolean")
+
+# Names and values with what JSON and GBNF must escape: quotes, backslashes, newlines, accents.
+_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8)
+_VALUES: dict[str, st.SearchStrategy[Value]] = {
+    "string": _TEXT,
+    "integer": st.integers(-(10**6), 10**6),
+    "number": st.floats(-1e6, 1e6, allow_nan=False).map(lambda f: round(f, 3)),
+    "boolean": st.booleans(),
+}
+
+
+@st.composite
+def params(draw: st.DrawFn) -> ParamShape:
+    kind = draw(st.sampled_from((*TYPES, None)))
+    enum: tuple[Value, ...] | None = None
+    if kind is not None and draw(st.booleans()):
+        enum = tuple(draw(st.lists(_VALUES[kind], min_size=1, max_size=3, unique=True)))
+    return ParamShape(draw(_TEXT), kind, draw(st.booleans()), enum)
+
+
+TOOLS = st.lists(
+    st.builds(
+        ToolShape,
+        st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,8}", fullmatch=True),
+        st.lists(params(), max_size=4, unique_by=lambda p: p.name).map(tuple),
+    ),
+    min_size=1,
+    max_size=3,
+    unique_by=lambda t: t.name,
+)
+
+
+def walk(data: st.DataObject, grammar: Grammar, node: Node, depth: int = 0) -> str:
+    """A text the grammar admits from `node`, each choice drawn."""
+    if isinstance(node, Lit):
+        return node.text
+    if isinstance(node, Chars):
+        return data.draw(st.sampled_from(node.sample))
+    if isinstance(node, Seq):
+        return "".join(walk(data, grammar, item, depth) for item in node.items)
+    if isinstance(node, Alt):
+        # Past DEEPEST, the first option: a string, for a value (never a way back in).
+        chosen = node.options[0] if depth > DEEPEST else data.draw(st.sampled_from(node.options))
+        return walk(data, grammar, chosen, depth)
+    if isinstance(node, Repeat):
+        most = node.least if depth > DEEPEST else node.least + 3
+        if node.most is not None:
+            most = min(most, node.most)
+        count = data.draw(st.integers(node.least, most))
+        return "".join(walk(data, grammar, node.item, depth) for _ in range(count))
+    return walk(data, grammar, grammar.rules[node.rule], depth + 1)
+
+
+def _typed(value: Any, kind: str | None) -> bool:
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return True
+
+
+def check_admitted(text: str, tools: list[ToolShape], level: Level) -> None:
+    """A text the grammar admits: a plain answer, or one call as `level` binds it."""
+    if not text.startswith("{"):
+        assert text[:1] not in ("`", "<", "") and not text[0].isspace(), text
+        return
+    call = json.loads(text)
+    assert list(call) == ["name", "arguments"]
+    tool = next(t for t in tools if t.name == call["name"])
+    arguments = call["arguments"]
+    assert isinstance(arguments, dict)
+    # The rescue reads it as exactly this call.
+    [found] = recover_tool_calls(text, [t.name for t in tools])
+    assert (found.name, json.loads(found.raw_arguments)) == (tool.name, arguments)
+    if level == "names":
+        return
+    order = [p.name for p in tool.params]
+    assert list(arguments) == [name for name in order if name in arguments]  # declared, in order
+    for param in tool.params:
+        if param.name not in arguments:
+            assert level in ("names", "types") or not param.required, param
+            continue
+        value = arguments[param.name]
+        assert _typed(value, param.type), (param, value)
+        if level == "enum" and param.enum:
+            assert value in param.enum and type(value) in {type(v) for v in param.enum}
+
+
+@EXAMPLES
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
+def test_what_the_grammar_admits_is_an_answer_or_one_declared_call(
+    tools: list[ToolShape], level: Level, data: st.DataObject
+) -> None:
+    grammar = call_grammar(tools, level)
+    check_admitted(walk(data, grammar, grammar.rules["root"]), tools, level)
+
+
+@EXAMPLES
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
+def test_every_declared_tool_can_be_called(
+    tools: list[ToolShape], level: Level, data: st.DataObject
+) -> None:
+    """The grammar never shuts a tool out: each has a call of its own among the options."""
+    grammar = call_grammar(tools, level)
+    root = grammar.rules["root"]
+    assert isinstance(root, Alt)
+    for option, tool in zip(root.options, tools, strict=False):
+        text = walk(data, grammar, option)
+        assert json.loads(text)["name"] == tool.name
+        check_admitted(text, tools, level)
+
+
+def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schema() -> None:
+    spec = ToolSpec(
+        name="release",
+        description="Release.",
+        params=(
+            ParamSpec("version", "string", "The version.", required=True),
+            ParamSpec("channel", "string", "", required=True, enum=("beta", "stable")),
+            ParamSpec("dry", "boolean", "", required=False, default=False),
+        ),
+        command=("./release.sh", "{{version}}"),
+        workdir=Path("."),
+    )
+    schema = model_schema(spec)
+    assert "required" not in schema["function"]["parameters"]  # SPEC 2: never sent
+    assert tool_shapes([schema], [spec]) == [
+        ToolShape(
+            "release",
+            (
+                ParamShape("version", "string", True),
+                ParamShape("channel", "string", True, ("beta", "stable")),
+                ParamShape("dry", "boolean", False),
+            ),
+        )
+    ]
+    # A tool mm-batch did not declare (MCP, a built-in): what its own schema says.
+    other = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string", "enum": ["a"]}, "n": {}},
+                "required": ["q"],
+            },
+        },
+    }
+    assert tool_shapes([other], [spec]) == [
+        ToolShape("lookup", (ParamShape("q", "string", True, ("a",)), ParamShape("n", None)))
+    ]
+
+
+def _validator() -> Path | None:
+    binary = server_binary()
+    found = binary.with_name("test-gbnf-validator") if binary is not None else None
+    return found if found is not None and found.is_file() else None
+
+
+@pytest.mark.skipif(_validator() is None, reason="llama.cpp's grammar validator is not installed")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
+def test_llama_cpp_reads_the_gbnf_as_the_tree(
+    tools: list[ToolShape], level: Level, data: st.DataObject, tmp_path_factory: Any
+) -> None:
+    """What the tree admits, llama.cpp's grammar admits; and it refuses a call of a tool that
+    was not declared."""
+    validator = _validator()
+    assert validator is not None
+    grammar = call_grammar(tools, level)
+    folder = tmp_path_factory.mktemp("gbnf")
+    (folder / "grammar.gbnf").write_text(grammar.gbnf())
+    admitted = walk(data, grammar, grammar.rules["root"])
+    undeclared = '{"name": "' + "x" * 12 + '", "arguments": {}}'
+    for text, valid in ((admitted, True), (undeclared, False)):
+        (folder / "input.txt").write_text(text)
+        done = subprocess.run(
+            [str(validator), str(folder / "grammar.gbnf"), str(folder / "input.txt")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert ("Input string is valid" in done.stdout) is valid, (text, done.stdout)
