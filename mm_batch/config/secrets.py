@@ -26,6 +26,9 @@ MASK = "***"
 # A provider that redacts a key itself still quotes its ends (`sk-live-ab****...ijkl`): an end
 # of a secret this long, next to such a redaction, is masked too.
 FRAGMENT = 4
+# Where a word may begin or end: next to a space or a sign that is no part of a key's
+# characters in a provider's message (a sentence's end, brackets, quotes, `=`, `:`).
+_BOUNDARY = re.compile(r"(?<=[\s\"'`<>(),;:=\[\]{}.!?])|^|$|(?=[\s\"'`<>(),;:=\[\]{}.!?])")
 _REDACTION = re.compile(r"\*{2,}|\.{3,}|\u2026+|\u2022{2,}")
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 # Model options only: a header that carries a credential, and keys that count tokens.
@@ -54,6 +57,7 @@ class Masker:
         forms = {form for s in given for form in _written_forms(s)}
         values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
+        self._searched = tuple((v, v.lower() if len(v.lower()) == len(v) else "") for v in values)
         # Every run of FRAGMENT characters of a secret: what a redaction's neighbour must hold to
         # be worth a closer look (see `_fragment_spans`).
         self._grams = frozenset(
@@ -81,6 +85,39 @@ class Masker:
             if tail:
                 masked = self._masked(masked[:-tail] + MASK)
         return Masked(masked)
+
+    def quoted_by_others(self, value: str) -> Masked:
+        """Text of a party that may quote a key in part, its own way (a provider's error:
+        `sk-live-ab[REDACTED]0123`, `sk-live-abXXXX0123`, in any case): masked as `text` masks,
+        and wherever a word begins as a secret begins, or ends as it ends, for FRAGMENT or more
+        characters, that whole stretch of text up to a space is masked. Only for such text:
+        elsewhere a word like `passed` stays itself whatever a secret begins with."""
+        masked = self.text(value)
+        if not self._secrets:
+            return masked
+        low = masked.lower()
+        probe = low if len(low) == len(masked) else masked
+        spans: list[tuple[int, int]] = []
+        for boundary in _BOUNDARY.finditer(probe):
+            at = boundary.start()
+            for secret, folded_secret in self._searched:
+                key = folded_secret if probe is low and folded_secret else secret
+                if _common_start(probe[at : at + len(key)], key) >= FRAGMENT:
+                    spans.append((at, _space_after(masked, at)))
+                before = probe[max(at - len(key), 0) : at]
+                if _common_start(before[::-1], key[::-1]) >= FRAGMENT:
+                    spans.append((_space_before(masked, at), at))
+        if not spans:
+            return masked
+        pieces: list[str] = []
+        position = 0
+        for begin, end in sorted(spans):
+            if end <= position:
+                continue
+            pieces.extend((masked[position : max(begin, position)], MASK))
+            position = end
+        pieces.append(masked[position:])
+        return self.text("".join(pieces))
 
     def data(self, value: Any) -> Any:
         """Mask the strings inside JSON-like data (its values: keys are structure)."""
@@ -136,11 +173,18 @@ class Masker:
     def _spans(self, text: str) -> list[tuple[int, int]]:
         """The runs of characters covered by an occurrence of any secret, merged, in order."""
         found: list[tuple[int, int]] = []
-        for secret in self._secrets:
-            start = text.find(secret)
+        # Also in another case (a provider that echoes a key upper-cased), wherever changing the
+        # case keeps every character in its place.
+        lowered = text.lower()
+        caseless = len(lowered) == len(text)
+        for secret, folded_secret in self._searched:
+            haystack, needle = (
+                (lowered, folded_secret) if caseless and folded_secret else (text, secret)
+            )
+            start = haystack.find(needle)
             while start >= 0:
-                found.append((start, start + len(secret)))
-                start = text.find(secret, start + 1)
+                found.append((start, start + len(needle)))
+                start = haystack.find(needle, start + 1)
         found.extend(self._fragment_spans(text))
         if not found:
             return []
@@ -198,6 +242,25 @@ def _overlap(text: str, secret: str, least: int = 1) -> int:
         if text.endswith(secret[:n]):
             return n
     return 0
+
+
+def _space_after(text: str, at: int) -> int:
+    found = re.compile(r"\s").search(text, at)
+    return found.start() if found else len(text)
+
+
+def _space_before(text: str, at: int) -> int:
+    return max(text.rfind(" ", 0, at), text.rfind("\n", 0, at), text.rfind("\t", 0, at)) + 1
+
+
+def _common_start(text: str, secret: str) -> int:
+    """How many first characters `text` and `secret` share."""
+    shared = 0
+    for mine, theirs in zip(text, secret, strict=False):
+        if mine != theirs:
+            break
+        shared += 1
+    return shared
 
 
 def _underlap(text: str, secret: str, least: int) -> int:

@@ -138,7 +138,7 @@ def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | No
 def short_reason(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) -> str:
     """A provider's error as a reason: masked where it enters, before it is cut at its
     traceback, folded to one line and cut to `limit` characters (it may quote the key)."""
-    masked = masker.text(str(exc))
+    masked = masker.quoted_by_others(str(exc))
     # litellm puts a traceback in some messages: the reason is what comes before it.
     before = masked.split("Traceback (most recent call last)")[0]
     text = folded(masker.text(before))

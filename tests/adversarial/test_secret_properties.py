@@ -35,6 +35,7 @@ from mm_batch.config.secrets import (
     option_secrets,
     tail,
 )
+from mm_batch.effects.model_calls import short_reason
 
 # Characters that make cuts, folds and escapes interesting, and a few whole alphabets.
 _AWKWARD = " \t\n\r\"'\\<>&*%#=:;,.-_/é€𝄞😀\u00a0\u2028\u3000"
@@ -52,6 +53,9 @@ api_keys = (
     .map(str.strip)
     .filter(lambda key: len(key) >= 6)
 )
+
+
+PRINTABLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
 
 
 def grams(secret: str, n: int = 4) -> set[str]:
@@ -180,6 +184,37 @@ def test_what_a_provider_leaves_of_a_key_it_redacted_itself_is_masked(
     quoted = f"{secret[:shown_head]}{redaction}{secret[-shown_tail:]}"
     message = f"Incorrect API key provided: {quoted}. You can find your key at the console."
     assert leaked(secret, Masker([secret]).text(message)) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.data(),
+    st.text(
+        alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=9, max_size=80
+    ),
+    st.text(alphabet=PRINTABLE, max_size=12),
+    st.sampled_from([str, str.upper, str.lower]),
+)
+def test_a_provider_quoting_a_key_in_part_its_own_way_leaks_no_piece_of_it(
+    data: st.DataObject, secret: str, redaction: str, case: Any
+) -> None:
+    """A provider's error may show a key's two ends around any redaction of its own
+    (`sk-live-ab[REDACTED]0123`, `abXXXX0123`, one `*`, nothing), in any case: no 4
+    characters of the key survive in what mm-batch makes of that error."""
+    shown_head = data.draw(st.integers(0, len(secret) - 1))
+    shown_tail = data.draw(st.integers(0, len(secret) - shown_head))
+    quoted = case(f"{secret[:shown_head]}{redaction}{secret[len(secret) - shown_tail :]}")
+    assume(not leaked(case(secret), case(redaction)))  # the redaction itself shows nothing
+    message = f"Incorrect API key provided: {quoted}. You can find your key at the console."
+    masked = Masker([secret]).quoted_by_others(message)
+    assert leaked(secret.lower(), masked.lower()) == [], masked
+
+
+def test_a_providers_error_becomes_a_reason_with_no_piece_of_the_key() -> None:
+    masker = Masker(["sk-live-abcdefghij0123"])
+    error = RuntimeError("Incorrect API key provided: sk-live-ab[REDACTED]0123.")
+    assert "0123" not in short_reason(error, masker)
+    assert "sk-live-ab" not in short_reason(error, masker)
 
 
 def test_a_redaction_next_to_text_of_no_secret_is_left_alone() -> None:
