@@ -50,6 +50,37 @@ _INTERPRETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
 }
 
 
+# What makes a file named in a tool's command code, wherever it stands in the argv (behind a
+# wrapper such as `env`, `timeout`, `nice`, or an interpreter's option with a value): its
+# extension, a `#!` line or an ELF header. Data files (`input.csv`, `config.json`) stay
+# workspace data.
+_CODE_SUFFIXES = (
+    ".sh",
+    ".bash",
+    ".zsh",
+    ".ksh",
+    ".py",
+    ".pl",
+    ".pm",
+    ".rb",
+    ".js",
+    ".mjs",
+    ".cjs",
+    ".ts",
+    ".php",
+    ".lua",
+    ".r",
+    ".tcl",
+    ".awk",
+    ".sed",
+    ".jar",
+)
+
+
+def _is_code(path: Path, content: bytes) -> bool:
+    return path.suffix.lower() in _CODE_SUFFIXES or content.startswith((b"#!", b"\x7fELF"))
+
+
 def _names_a_path(entry: str) -> bool:
     """Whether a program entry is a path (`./x`, `hooks/x`), not a name looked up on the PATH."""
     return "/" in entry
@@ -130,6 +161,8 @@ class Pristine:
     # (agent folder, entry as written) -> the file it named at start
     named: dict[tuple[Path, str], Path] = field(default_factory=dict)
     contents: dict[Path, bytes] = field(default_factory=dict)
+    # (tool's workdir, entry as written) of a tool's command that named a file of code at start
+    code: set[tuple[Path, str]] = field(default_factory=set)
     _folder: Path | None = None
     _copies: dict[Path, Path] = field(default_factory=dict)
 
@@ -147,9 +180,15 @@ class Pristine:
             for entry in task.expect.check or () if task.expect is not None else ():
                 pristine._read(agent.directory, entry)
             for tool in agent.tools:
-                for i in program_entries(tool.command):
-                    if "{{" not in tool.command[i]:  # a value the model sends is not a program
-                        pristine._read(tool.workdir, tool.command[i], agent.directory)
+                programs = set(program_entries(tool.command))
+                for i, entry in enumerate(tool.command):
+                    if "{{" in entry:  # a value the model sends is not a program
+                        continue
+                    path = pristine._read(tool.workdir, entry, agent.directory)
+                    if path is not None and (
+                        i in programs or _is_code(path, pristine.contents[path])
+                    ):
+                        pristine.code.add((tool.workdir, entry))
         return pristine
 
     def _read(self, directory: Path, entry: str, top: Path | None = None) -> Path | None:
@@ -220,12 +259,15 @@ class Pristine:
 
     def programs(self, workdir: Path, argv: Sequence[str]) -> tuple[PinnedProgram, ...]:
         """The programs of a tool call's argv that named one of the agent's files at start:
-        each with the content read then, which is what the executor runs."""
+        argv[0], the script an interpreter is given, and any other entry of the tool's command
+        that named a file of code (`env sh deploy.sh`, `timeout 5 python3 deploy.py`): each
+        with the content read then, which is what the executor runs."""
         pinned = []
-        for i in program_entries(argv):
-            path = self.named.get((workdir, argv[i]))
-            if path is not None:
-                pinned.append(PinnedProgram(i, argv[i], path, self.contents[path]))
+        programs = set(program_entries(argv))
+        for i, entry in enumerate(argv):
+            path = self.named.get((workdir, entry))
+            if path is not None and (i in programs or (workdir, entry) in self.code):
+                pinned.append(PinnedProgram(i, entry, path, self.contents[path]))
         return tuple(pinned)
 
     def close(self) -> None:

@@ -239,6 +239,9 @@ FORMS = {
     "argv0": (["./deploy.sh", "a"], "deploy.sh", 0),
     "sh-script": (["sh", "deploy.sh", "a"], "deploy.sh", 1),
     "sh-option-script": (["sh", "-e", "deploy.sh", "a"], "deploy.sh", 2),
+    # Behind a wrapper: Pristine pins any entry of the command that named a file of code.
+    "env-sh-script": (["env", "sh", "deploy.sh", "a"], "deploy.sh", 2),
+    "timeout-sh-script": (["timeout", "20", "sh", "deploy.sh", "a"], "deploy.sh", 3),
 }
 
 

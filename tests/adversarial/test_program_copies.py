@@ -40,6 +40,20 @@ FORMS = {
     "sh deploy.sh": (["sh", "deploy.sh"], "deploy.sh", "echo pristine\n"),
     "bash -e x.sh": (["bash", "-e", "x.sh"], "x.sh", "echo pristine\n"),
     "python3 deploy.py": (["python3", "deploy.py"], "deploy.py", "print('pristine')\n"),
+    # Behind a wrapper, or an interpreter's option with a value (found by the second attack).
+    "env sh deploy.sh": (["env", "sh", "deploy.sh"], "deploy.sh", "echo pristine\n"),
+    "timeout 5 sh deploy.sh": (["timeout", "5", "sh", "deploy.sh"], "deploy.sh", "echo pristine\n"),
+    "nice sh deploy.sh": (["nice", "sh", "deploy.sh"], "deploy.sh", "echo pristine\n"),
+    "/usr/bin/env python3 deploy.py": (
+        ["/usr/bin/env", "python3", "deploy.py"],
+        "deploy.py",
+        "print('pristine')\n",
+    ),
+    "python3 --check-hash-based-pycs never deploy.py": (
+        ["python3", "--check-hash-based-pycs", "never", "deploy.py"],
+        "deploy.py",
+        "print('pristine')\n",
+    ),
 }
 
 
