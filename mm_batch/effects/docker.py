@@ -703,21 +703,30 @@ class DockerSandbox:
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Copies for a `check`, in its own space (CHECK_DIR: a tmpfs of the check uid, mode
         0700), which no tool can read, change or fill. Written by execs as the check uid; the
-        folder's random name is made with a plain `mkdir`."""
+        folder's random name is made with a plain `mkdir`. Where the original still holds the
+        bytes read at start, the check runs it in place (its own folder's modules and files at
+        hand): the sweep has just confirmed that no tool process is left to change it."""
         self.start()
         self._settle()
         folder = f"{CHECK_DIR}/copies-{secrets.token_hex(16)}"
         paths: dict[Path, str] = {}
-        script = 'set -e; umask 022; [ "$3" = 0 ] && mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"'
+        script = (
+            'set -e; umask 022; [ "$3" = 0 ] && mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"; '
+            'if [ -f "$4" ] && cmp -s "$1/$2" "$4" 2>/dev/null; then echo same; fi'
+        )
         for i, (original, content) in enumerate(files.items()):
             name = f"{i}-{original.name}"
+            try:
+                in_place = str(self._container_path(original.parent) / original.name)
+            except ValueError:
+                in_place = ""
 
             def send(sock: socket.socket, data: bytes = content) -> None:
                 sock.sendall(data)
 
             try:
                 done = self._run(
-                    ["/bin/sh", "-c", script, "protect", folder, name, str(i)],
+                    ["/bin/sh", "-c", script, "protect", folder, name, str(i), in_place],
                     self._check_user,
                     send,
                 )
@@ -728,7 +737,8 @@ class DockerSandbox:
                     f"cannot place a copy of {original.name} in the sandbox "
                     f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
                 )
-            paths[original] = f"{folder}/{name}"
+            same = in_place and done.stdout.decode(errors="replace").strip() == "same"
+            paths[original] = in_place if same else f"{folder}/{name}"
         return paths
 
     def _program_copy(self, program: PinnedProgram, original: str) -> tuple[str, bool]:

@@ -89,10 +89,15 @@ class HostExecutor:
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Copies in a private folder of this executor's (the host is no sandbox: a command that
-        hunts for them could still change them, but nothing in the agent's folder can)."""
+        hunts for them could still change them, but nothing in the agent's folder can). An
+        original that still holds the bytes read at start runs in place, its own folder's
+        modules and files at hand, as a tool's program does (see `_pinned`)."""
         self._protected = self._private()
         paths: dict[Path, str] = {}
         for i, (original, content) in enumerate(files.items()):
+            if _holds(original, content):
+                paths[original] = str(original)
+                continue
             copy = self._protected / f"{i}-{original.name}"
             copy.write_bytes(content)
             copy.chmod(0o500)

@@ -86,7 +86,8 @@ class Executor(Protocol):
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Place pristine copies of files read at start (a `check` program) where no command of
-        the run can change them; return, for each, the path that runs the copy there."""
+        the run can change them; return, for each, the path to run: the original in place when
+        it still holds the bytes read at start (its own folder at hand), else the copy."""
         ...
 
     def execute_check(

@@ -278,6 +278,21 @@ def test_a_program_rewritten_by_an_earlier_call_runs_as_read_at_start(
     assert not (tmp_path / f"pwned-{form}").exists()
 
 
+def test_an_unchanged_check_runs_in_place_with_its_own_files_at_hand(
+    executor: Executor, tmp_path: Path
+) -> None:
+    """A check that reads a file beside it (`. "$(dirname "$0")/checklib.sh"`, a Python
+    sibling import): run from a copy elsewhere, it failed and a right check was judged failed
+    (second attack). Unchanged, it runs in place; changed by a tool, from the copy taken at
+    start (see the tests above)."""
+    (tmp_path / "checklib.sh").write_text("verdict=0\n")
+    verify = tmp_path / "verify.sh"
+    verify.write_text('. "$(dirname "$0")/checklib.sh" || exit 9\nexit "$verdict"\n')
+    copies = executor.protect({verify: verify.read_bytes()})
+    result = executor.execute_check(["sh", copies[verify]], tmp_path, 30, None)
+    assert result.exit_code == 0, result
+
+
 # -- program x how the kernel refuses it ------------------------------------------------------
 
 REFUSED = {
