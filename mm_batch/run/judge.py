@@ -39,6 +39,20 @@ def unfinished_turn(finish_reason: str | None, asked_calls: bool) -> str | None:
     )
 
 
+_CALL_FINISHES = frozenset({"tool_calls", "function_call"})
+
+
+def callless_turn(finish_reason: str | None) -> str | None:
+    """Why a turn without a tool call (not even one rescued from its text) that says it ended
+    with one fails the run: it is neither a stop nor a tool call (SPEC 6)."""
+    if finish_reason not in _CALL_FINISHES:
+        return None
+    return (
+        f"the model's turn ended with finish_reason: {finish_reason} but held no tool call: "
+        "its final answer cannot be taken as given"
+    )
+
+
 @dataclass(frozen=True)
 class CheckRun:
     """How the task's `check` command went: its exit code (None: it did not complete)."""

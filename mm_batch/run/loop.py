@@ -14,7 +14,7 @@ from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.calls import CallHandler
 from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, InFlight, timeout_reason, tool_running
-from mm_batch.run.judge import unfinished_turn
+from mm_batch.run.judge import callless_turn, unfinished_turn
 from mm_batch.run.ports import (
     ModelClient,
     ModelDeadlineError,
@@ -147,7 +147,8 @@ class AgentLoop:
             if not reply.tool_calls and reply.text and self.spec.settings.recover_text_tool_calls:
                 reply = self._with_text_calls(reply)
             if not reply.tool_calls:
-                return LoopEnd(answer=reply.text or "")
+                callless = callless_turn(reply.finish_reason)
+                return LoopEnd(answer=reply.text or "", failure=callless)
             invalid_now: set[str] = set()  # read by the model from its next turn
             for call in reply.tool_calls:
                 key = (call.name, canonical_arguments(call.raw_arguments))

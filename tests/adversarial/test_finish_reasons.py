@@ -205,3 +205,15 @@ def test_a_cached_cut_answer_fails_again_when_replayed(
     assert model[-1]["cached"] is True
     assert model[-1]["finish_reason"] == "model_length"
     assert records[-1]["status"] == "failed"
+
+
+@pytest.mark.parametrize("reason", ["tool_calls", "function_call"])
+def test_a_turn_that_says_it_called_a_tool_but_holds_none_fails(
+    cli: Cli, fake_model: Fake, tmp_path: Path, reason: str
+) -> None:
+    """Neither a stop nor a tool call (second attack): its text is no final answer."""
+    result = _run(cli, fake_model, tmp_path, by_prompt({"go": [Finished(text("1.4"), reason)]}))
+    assert result.code == 1, result.err
+    task = read_calls(tmp_path / "out")[-1]
+    assert task["status"] == "failed"
+    assert f"finish_reason: {reason} but held no tool call" in task["reason"]
