@@ -1031,7 +1031,7 @@ def check_mapped_argv(argv: list[str], inputs: Mapping[str, Mapping[str, Any]], 
         values = [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
         expected = [v for v in re.split(r"[,\s]+", GIVEN[name]) if v]
         assert values == expected, (name, option, values)
-    assert params["repeat"] == 2 and params["filter_"] == "status-*"
+    assert params["repeat"] == 2 and params["filters"] == ("status-*",)
 
 
 def test_the_action_passes_each_input_as_its_option(tmp_path: Path) -> None:

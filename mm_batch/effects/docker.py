@@ -1250,13 +1250,22 @@ class DockerSandbox:
         self._sweep(self._uid)
         if not self.fresh_home_per_call:
             return
-        home = _fresh_home()
         pairs = [item for copy, original in self._programs.values() for item in (copy, original)]
-        done = self._run(["/bin/sh", "-c", _RESET, "reset", home, *pairs], self.spec.user)
-        lines = done.stdout.decode(errors="replace").splitlines()
-        if done.pid == 0 or done.exit_code != 0 or not lines or lines[-1] != "ready":
+        # The swept processes count against the pids limit until init reaps them: after a fork
+        # bomb, the reset may find no pid for a moment. Tried again, with a new HOME's name,
+        # while the sweep's own tries would be.
+        give_up = time.monotonic() + _KILL_TRIES_S
+        while True:
+            home = _fresh_home()
+            done = self._run(["/bin/sh", "-c", _RESET, "reset", home, *pairs], self.spec.user)
+            lines = done.stdout.decode(errors="replace").splitlines()
+            if done.pid != 0 and done.exit_code == 0 and lines and lines[-1] == "ready":
+                break
             detail = "; ".join(lines[:3]) or f"exit {done.exit_code}"
-            raise _EngineError(f"cannot make a fresh HOME for the next call ({detail})")
+            no_pid = done.pid == 0 or "can't fork" in detail or "temporarily unavailable" in detail
+            if not no_pid or time.monotonic() >= give_up:
+                raise _EngineError(f"cannot make a fresh HOME for the next call ({detail})")
+            time.sleep(0.05)
         kept = [line.removeprefix("kept ") for line in lines if line.startswith("kept ")]
         if kept:
             hint = (
