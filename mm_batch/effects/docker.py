@@ -815,12 +815,9 @@ class DockerSandbox:
         programs: Sequence[PinnedProgram] = (),
     ) -> ExecResult:
         begun = time.monotonic()
-        try:
-            container_workdir = self._container_path(workdir)
-        except ValueError as exc:
-            return ExecResult(
-                None, EMPTY, EMPTY, time.monotonic() - begun, error=str(exc), started=False
-            )
+        container_workdir = self._workdir_in_container(workdir, begun)
+        if isinstance(container_workdir, ExecResult):
+            return container_workdir
         try:
             self.start()
             self._settle()
@@ -839,18 +836,25 @@ class DockerSandbox:
         call = _Call(argv, command, str(container_workdir), self._uid, refusal)
         return self._run_call(exec_id, call, begun, timeout, cancel, sweep_after=True)
 
+    def _workdir_in_container(self, workdir: Path, begun: float) -> PurePosixPath | ExecResult:
+        """A host working directory's path in the container, or the call's error when it lies
+        outside the agent's folder (all the container sees)."""
+        try:
+            return self._container_path(workdir)
+        except ValueError as exc:
+            return ExecResult(
+                None, EMPTY, EMPTY, time.monotonic() - begun, error=str(exc), started=False
+            )
+
     def execute_check(
         self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None
     ) -> ExecResult:
         """A `check` as the check uid, HOME and TMPDIR in CHECK_DIR: no tool can signal or trace
         it (another uid), nor change its copies or fill its scratch space."""
         begun = time.monotonic()
-        try:
-            container_workdir = self._container_path(workdir)
-        except ValueError as exc:
-            return ExecResult(
-                None, EMPTY, EMPTY, time.monotonic() - begun, error=str(exc), started=False
-            )
+        container_workdir = self._workdir_in_container(workdir, begun)
+        if isinstance(container_workdir, ExecResult):
+            return container_workdir
         try:
             self.start()
             self._settle()
