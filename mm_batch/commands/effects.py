@@ -161,6 +161,7 @@ class _LocalServers:
             raise ModelError(self.failures[spec.model])
         server = self.servers[spec.model]
         options = {"max_tokens": MAX_TOKENS, **spec.model_options, "api_base": server.url}
+        agent = spec.task.agent
         client = LlamaClient(
             server.url,
             server.model.name,
@@ -168,7 +169,11 @@ class _LocalServers:
             masker=self.masker,
             timeout=spec.settings.timeout,
             grammar=grammar_of(
-                options, spec.task.agent.tools, rescue=spec.settings.recover_text_tool_calls
+                options,
+                agent.tools,
+                rescue=spec.settings.recover_text_tool_calls,
+                # A skill's name written as a call is taken too (`Toolbox.text_call_names`).
+                also=[s.name for s in agent.skills] if "read_skill" in agent.builtins else [],
             ),
         )
         local = _LocalClient(client, server, self.turns)

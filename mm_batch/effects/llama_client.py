@@ -198,8 +198,9 @@ _NATIVE_FINISH = {"limit": "length"}
 _NATIVE_NAMES = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 
 
-# The model option that sets how a local model's calls are bound (`call_grammar: types`), or
-# that they are not (`call_grammar: off`); read here, never sent.
+# The model option that binds a local model's calls by a grammar (`call_grammar: types`, or
+# true for `DEFAULT_LEVEL`); off unless set (docs/design-choices.md says why). Read here, never
+# sent.
 GRAMMAR_OPTION = "call_grammar"
 DEFAULT_LEVEL: Level = "types"
 
@@ -212,23 +213,29 @@ class CallGrammar:
 
     level: Level
     declared: Sequence[ToolSpec] = ()
+    also: Sequence[str] = ()  # names the rescue takes that are no tool (skills'): any arguments
 
 
 def grammar_of(
-    options: Mapping[str, Any], declared: Sequence[ToolSpec], *, rescue: bool
+    options: Mapping[str, Any],
+    declared: Sequence[ToolSpec],
+    *,
+    rescue: bool,
+    also: Sequence[str] = (),
 ) -> CallGrammar | None:
-    """The grammar a local model's options ask for (`DEFAULT_LEVEL` unless they say); None
-    when they turn it off, or when calls written as text are not rescued (`rescue`): the
-    grammar's calls are text, and the chat endpoint's native calls are the only ones then.
-    Raises `ModelError` for a value that is no level."""
-    value = options.get(GRAMMAR_OPTION, DEFAULT_LEVEL)
+    """The grammar a local model's options ask for (true: `DEFAULT_LEVEL`); None when they ask
+    for none, or when calls written as text are not rescued (`rescue`): the grammar's calls are
+    text, and the chat endpoint's native calls are the only ones then. Raises `ModelError` for
+    a value that is no level."""
+    value = options.get(GRAMMAR_OPTION, False)
+    value = DEFAULT_LEVEL if value in (True, "true", "on") else value
     off = value in (False, "off", "false")
     if not off and value not in LEVELS:
         raise ModelError(
-            f"model option {GRAMMAR_OPTION} must be off or one of {', '.join(LEVELS)}, "
+            f"model option {GRAMMAR_OPTION} must be true, false or one of {', '.join(LEVELS)}, "
             f"got {str(value)[:40]!r}"
         )
-    return None if off or not rescue else CallGrammar(value, tuple(declared))
+    return None if off or not rescue else CallGrammar(value, tuple(declared), tuple(also))
 
 
 def native_body(
@@ -241,7 +248,9 @@ def native_body(
             body[_NATIVE_NAMES.get(key, key)] = value
     shapes = tool_shapes(tools, grammar.declared)
     body.update(
-        prompt=prompt, grammar=call_grammar(shapes, grammar.level).gbnf(), cache_prompt=True
+        prompt=prompt,
+        grammar=call_grammar(shapes, grammar.level, grammar.also).gbnf(),
+        cache_prompt=True,
     )
     return body
 

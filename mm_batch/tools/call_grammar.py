@@ -1,6 +1,7 @@
 """A grammar for a local model's turn: either a plain answer, or exactly one compact call of a
 declared tool, written as the text rescue reads it (`tools.text_calls`):
-`{"name": "<tool>", "arguments": {...}}` on one line, with JSON's usual `, ` and `: `.
+`{"name": "<tool>", "arguments": {...}}` on one line, with JSON's usual `, ` and `: `, bare or
+in a ```` ```json ```` fence.
 
 llama-server takes no grammar alongside `tools`, and the packaged models never write a native
 call anyway: their prompt is rendered with the model's own template (the tools as it lists them)
@@ -8,7 +9,8 @@ and the completion is bound by this grammar (llama.cpp's GBNF). What the model r
 unchanged (SPEC 2: types and descriptions; required and enum only in the text); the grammar
 only keeps the decoder from writing what cannot be a call, and it binds as much as `level` says:
 
-- `names`: the name is a declared tool's, the arguments any JSON object;
+- `names`: the name is a declared tool's (or another name the rescue takes: a skill's), the
+  arguments any JSON object;
 - `types`: the arguments hold only declared parameters (in declared order), each of its type;
 - `required`: and every required parameter is there;
 - `enum`: and a parameter with allowed values holds one of them.
@@ -29,6 +31,8 @@ from mm_batch.config.model import ToolSpec, Value
 
 Level = Literal["names", "types", "required", "enum"]
 LEVELS: tuple[Level, ...] = get_args(Level)
+FENCE_OPEN = "```json\n"
+FENCE_CLOSE = "\n```"
 # Digits of a number the grammar admits: beyond them a value is no count a tool takes.
 INTEGER_DIGITS = 16
 FRACTION_DIGITS = 16
@@ -227,13 +231,17 @@ def _members(tool: int, params: Sequence[ParamShape], level: Level) -> dict[str,
     return dict(reversed(rules.items()))
 
 
-def call_grammar(tools: Sequence[ToolShape], level: Level) -> Grammar:
-    """A plain answer, or one compact call of one of `tools`, bound as `level` says."""
+def call_grammar(tools: Sequence[ToolShape], level: Level, also: Sequence[str] = ()) -> Grammar:
+    """A plain answer, or one compact call of one of `tools`, bound as `level` says, or of a
+    name of `also` (names the rescue takes that are no tool: the skills', to be answered with
+    how to read them), with any arguments."""
     rules: dict[str, Node] = {}
     calls: list[Node] = []
-    for t, tool in enumerate(tools):
+    names = {tool.name for tool in tools}
+    others = [ToolShape(name, ()) for name in dict.fromkeys(also) if name not in names]
+    for t, tool in enumerate([*tools, *others]):
         head = Lit('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
-        if level == "names":
+        if level == "names" or t >= len(tools):
             arguments: Node = Ref("object")
         elif not tool.params:
             arguments = Lit("{}")
@@ -245,8 +253,15 @@ def call_grammar(tools: Sequence[ToolShape], level: Level) -> Grammar:
             arguments = Seq((Lit("{"), Repeat(first, 0, 1) if empty_ok else first, Lit("}")))
         rules[f"call-{t}"] = Seq((head, arguments, Lit("}")))
         calls.append(Ref(f"call-{t}"))
-    root = Alt((*calls, Ref("answer"))) if calls else Ref("answer")
-    return Grammar({"root": root, "answer": _ANSWER, **rules, **_JSON_RULES})
+    if not calls:
+        return Grammar({"root": Ref("answer"), "answer": _ANSWER, **_JSON_RULES})
+    # The fence the models open most calls with stays theirs to write (barred, the 1.5B wrote
+    # prose instead of some calls); inside it, the call is one line all the same.
+    fenced = Seq((Lit(FENCE_OPEN), Ref("call"), Lit(FENCE_CLOSE)))
+    root = Alt((Ref("call"), fenced, Ref("answer")))
+    return Grammar(
+        {"root": root, "call": Alt(tuple(calls)), "answer": _ANSWER, **rules, **_JSON_RULES}
+    )
 
 
 # -- what the grammar knows of the tools sent --------------------------------------------------

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from mm_batch.config.model import ParamSpec, ToolSpec, Value
 from mm_batch.effects.gguf import server_binary
 from mm_batch.tools.call_grammar import (
+    FENCE_CLOSE,
+    FENCE_OPEN,
     LEVELS,
     Alt,
     Chars,
@@ -104,19 +106,29 @@ def _typed(value: Any, kind: str | None) -> bool:
     return True
 
 
-def check_admitted(text: str, tools: list[ToolShape], level: Level) -> None:
-    """A text the grammar admits: a plain answer, or one call as `level` binds it."""
-    if not text.startswith("{"):
+def check_admitted(
+    text: str, tools: list[ToolShape], level: Level, also: list[str] | None = None
+) -> None:
+    """A text the grammar admits: a plain answer, or one call (bare or fenced) as `level` binds
+    it; a call of a name of `also` with any arguments."""
+    also = also or []
+    line = text.removeprefix(FENCE_OPEN).removesuffix(FENCE_CLOSE) if text[:1] == "`" else text
+    if not line.startswith("{"):
         assert text[:1] not in ("`", "<", "") and not text[0].isspace(), text
         return
-    call = json.loads(text)
+    assert text in (line, f"{FENCE_OPEN}{line}{FENCE_CLOSE}")
+    assert "\n" not in line  # one line
+    call = json.loads(line)
     assert list(call) == ["name", "arguments"]
-    tool = next(t for t in tools if t.name == call["name"])
     arguments = call["arguments"]
     assert isinstance(arguments, dict)
     # The rescue reads it as exactly this call.
-    [found] = recover_tool_calls(text, [t.name for t in tools])
-    assert (found.name, json.loads(found.raw_arguments)) == (tool.name, arguments)
+    [found] = recover_tool_calls(text, [*(t.name for t in tools), *also])
+    assert (found.name, json.loads(found.raw_arguments)) == (call["name"], arguments)
+    tool = next((t for t in tools if t.name == call["name"]), None)
+    if tool is None:
+        assert call["name"] in also
+        return
     if level == "names":
         return
     order = [p.name for p in tool.params]
@@ -131,28 +143,33 @@ def check_admitted(text: str, tools: list[ToolShape], level: Level) -> None:
             assert value in param.enum and type(value) in {type(v) for v in param.enum}
 
 
+SKILLS = st.lists(st.from_regex(r"[a-z][a-z-]{0,8}", fullmatch=True), max_size=2)
+
+
 @EXAMPLES
-@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), also=SKILLS, data=st.data())
 def test_what_the_grammar_admits_is_an_answer_or_one_declared_call(
-    tools: list[ToolShape], level: Level, data: st.DataObject
+    tools: list[ToolShape], level: Level, also: list[str], data: st.DataObject
 ) -> None:
-    grammar = call_grammar(tools, level)
-    check_admitted(walk(data, grammar, grammar.rules["root"]), tools, level)
+    grammar = call_grammar(tools, level, also)
+    check_admitted(walk(data, grammar, grammar.rules["root"]), tools, level, also)
 
 
 @EXAMPLES
-@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
-def test_every_declared_tool_can_be_called(
-    tools: list[ToolShape], level: Level, data: st.DataObject
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), also=SKILLS, data=st.data())
+def test_every_declared_tool_and_skill_can_be_called(
+    tools: list[ToolShape], level: Level, also: list[str], data: st.DataObject
 ) -> None:
-    """The grammar never shuts a tool out: each has a call of its own among the options."""
-    grammar = call_grammar(tools, level)
-    root = grammar.rules["root"]
-    assert isinstance(root, Alt)
-    for option, tool in zip(root.options, tools, strict=False):
+    """The grammar never shuts a name out: each has a call of its own among the options."""
+    grammar = call_grammar(tools, level, also)
+    calls = grammar.rules["call"]
+    assert isinstance(calls, Alt)
+    names = list(dict.fromkeys([*(t.name for t in tools), *also]))
+    assert len(calls.options) == len(names)
+    for option, name in zip(calls.options, names, strict=True):
         text = walk(data, grammar, option)
-        assert json.loads(text)["name"] == tool.name
-        check_admitted(text, tools, level)
+        assert json.loads(text)["name"] == name
+        check_admitted(text, tools, level, also)
 
 
 def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schema() -> None:
@@ -212,7 +229,7 @@ def test_llama_cpp_reads_the_gbnf_as_the_tree(
     was not declared."""
     validator = _validator()
     assert validator is not None
-    grammar = call_grammar(tools, level)
+    grammar = call_grammar(tools, level, ["a-skill"])
     folder = tmp_path_factory.mktemp("gbnf")
     (folder / "grammar.gbnf").write_text(grammar.gbnf())
     admitted = walk(data, grammar, grammar.rules["root"])
