@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,3 +69,18 @@ def test_a_bad_own_option_on_the_command_line_is_a_usage_error(
     assert result.code == 2
     assert message in result.err and "nothing ran" in result.err
     assert fake.requests == [] and not out.exists()
+
+
+def test_mm_batch_s_own_options_never_reach_a_hosted_provider(
+    cli: Cli, fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+) -> None:
+    """`call_grammar` is for mm-batch's own local server: a hosted model is never sent it."""
+    fake = fake_model(by_prompt({"hi": [text("hello")]}))
+    out = tmp_path / "out"
+    options = ["--model-option", "call_grammar=true", "--model-option", "max_parallel=2"]
+    result = cli("run", tasks(tmp_path), *model_args(fake), *options, "--out", out)
+    assert result.code == 0, result.err
+    assert fake.requests and all(
+        "call_grammar" not in json.dumps(r) and "max_parallel" not in json.dumps(r)
+        for r in fake.requests
+    )

@@ -41,6 +41,8 @@ DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"
 DEFAULT_IMAGE = "mm-batch/sandbox:base"
 # Keys of model_options that mm-batch reads itself and never passes on to litellm.
 OWN_MODEL_OPTIONS = frozenset({"max_parallel", "recover_text_tool_calls", "timeout"})
+# Read by mm-batch's own local server client only: never passed on to a hosted provider.
+LOCAL_MODEL_OPTIONS = frozenset({"call_grammar"})
 # Keyword arguments mm-batch gives litellm itself (the response cache's included): as model
 # options they would clash.
 SET_BY_MM_BATCH = frozenset(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mm_batch.config.local_catalog import local_model
-from mm_batch.config.model import OWN_MODEL_OPTIONS
+from mm_batch.config.model import LOCAL_MODEL_OPTIONS, OWN_MODEL_OPTIONS
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.cache import CacheUse, cache_kwargs, served
 from mm_batch.effects.model_calls import MODEL_TRIES, Retries, ask, read_reply
@@ -303,7 +303,11 @@ class LiteLLMClient:
         cache: CacheUse | None = None,
     ) -> None:
         self.model = model
-        self.options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
+        self.options = {
+            k: v
+            for k, v in options.items()
+            if k not in OWN_MODEL_OPTIONS and k not in LOCAL_MODEL_OPTIONS
+        }
         self.priced_as = price_model(model, self.options)
         self.masker = masker  # a provider's error may quote the key: masked where it enters
         self.timeout = timeout
