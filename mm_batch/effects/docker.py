@@ -721,25 +721,33 @@ class DockerSandbox:
             except ValueError:
                 in_place = ""
 
-            def send(sock: socket.socket, data: bytes = content) -> None:
-                sock.sendall(data)
-
-            try:
-                done = self._run(
-                    ["/bin/sh", "-c", script, "protect", folder, name, str(i), in_place],
-                    self._check_user,
-                    send,
-                )
-            except (_EngineError, OSError) as exc:
-                raise SandboxError(f"cannot place a copy of {original.name}: {exc}") from exc
-            if done.pid == 0 or done.exit_code != 0:
-                raise SandboxError(
-                    f"cannot place a copy of {original.name} in the sandbox "
-                    f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
-                )
-            same = in_place and done.stdout.decode(errors="replace").strip() == "same"
+            said = self._place(
+                ["/bin/sh", "-c", script, "protect", folder, name, str(i), in_place],
+                self._check_user,
+                content,
+                original.name,
+            )
+            same = in_place and said == b"same"
             paths[original] = in_place if same else f"{folder}/{name}"
         return paths
+
+    def _place(self, argv: list[str], user: str, content: bytes, what: str) -> bytes:
+        """Run a script that places a copy of `what` (`content` on its stdin) as `user`; what it
+        said, stripped. A failure is the sandbox's."""
+
+        def send(sock: socket.socket) -> None:
+            sock.sendall(content)
+
+        try:
+            done = self._run(argv, user, send)
+        except (_EngineError, OSError) as exc:
+            raise SandboxError(f"cannot place a copy of {what}: {exc}") from exc
+        if done.pid == 0 or done.exit_code != 0:
+            raise SandboxError(
+                f"cannot place a copy of {what} in the sandbox "
+                f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
+            )
+        return bytes(done.stdout.strip())
 
     def _program_copy(self, program: PinnedProgram, original: str) -> tuple[str, bool]:
         """The container copy of a program as read at start, placed at its first use (by root,
@@ -751,21 +759,15 @@ class DockerSandbox:
         folder = f"{PROGRAMS_DIR}/{len(self._programs)}"
         name = program.path.name
 
-        def send(sock: socket.socket) -> None:
-            sock.sendall(program.content)
-
-        try:
-            done = self._run(["/bin/sh", "-c", _PLACE, "place", folder, name, original], ROOT, send)
-        except (_EngineError, OSError) as exc:
-            raise SandboxError(f"cannot place a copy of {program.entry}: {exc}") from exc
-        if done.pid == 0 or done.exit_code != 0:
-            raise SandboxError(
-                f"cannot place a copy of {program.entry} in the sandbox "
-                f"(exit {done.exit_code}): {done.stdout.decode(errors='replace')[:200]}"
-            )
+        said = self._place(
+            ["/bin/sh", "-c", _PLACE, "place", folder, name, original],
+            ROOT,
+            program.content,
+            program.entry,
+        )
         copy = f"{folder}/{name}"
         self._programs[key] = (copy, original)
-        same = done.stdout.strip() == b"same"
+        same = said == b"same"
         if same:
             self._same.add(copy)
         return copy, same
