@@ -25,7 +25,7 @@ import pytest
 from mm_batch.plan import classname
 from mm_batch.testing.fake_openai import FakeOpenAI, RawReply, Script, text, tool_call, turn
 from tests.conftest import CliResult, check_report, model_args, run_until_marker
-from tests.run.test_rerun import AGENT, TASKS, _asked, _cases, _project, _records, _script
+from tests.commands.test_rerun import AGENT, TASKS, _asked, _cases, _project, _records, _script
 
 Cli = Callable[..., CliResult]
 Fake = Callable[[Script], FakeOpenAI]
