@@ -6,7 +6,6 @@ import io
 import json
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,14 @@ from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.terminal import Progress, escape_data, github_annotations
 from mm_batch.run.records import RunResult
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
     HttpFailure,
     by_prompt,
     text,
     tool_call,
 )
-from tests.conftest import CliResult, check_report, model_args, read_calls
+from tests.helpers import Cli, Fake, check_report, model_args, read_calls
 from tests.test_end_to_end import GOOD, RELEASE_EN, STATUS_EN
 
-Cli = Callable[..., CliResult]
-Fake = Callable[..., FakeOpenAI]  # (script, latency_s=0.0)
 AGENT = AgentConfig(path=Path("/nowhere/agent.yaml"), sha256="", tools=())
 
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,9 @@ import pytest
 
 from mm_batch.cli import main
 from mm_batch.effects.litellm import BackgroundImport, LiteLLMImportError
-from mm_batch.testing.fake_openai import Delayed, FakeOpenAI, Reply, Script, by_prompt, text
-from tests.conftest import check_report, model_args, write
+from mm_batch.testing.fake_openai import Delayed, FakeOpenAI, Reply, by_prompt, text
+from tests.helpers import Fake, check_report, model_args, write
 
-Fake = Callable[[Script], FakeOpenAI]
 TASKS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
 CONSOLE_SCRIPT = Path(sys.executable).parent / "mm-batch"
 

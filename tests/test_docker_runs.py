@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,7 @@ import pytest
 
 from mm_batch.effects.docker import LABEL, LABEL_PID_NS, LABEL_RUN, _pid_namespace
 from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, check_report, model_args, read_calls, write
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.docker_support import (
     BASE_IMAGE,
     TEST_IMAGE,
@@ -25,10 +23,9 @@ from tests.docker_support import (
     require_image,
     when_running,
 )
+from tests.helpers import Cli, Fake, check_report, model_args, read_calls, write
 from tests.test_end_to_end import GOOD, received
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 DOCKER = ("--sandbox", "docker", "--image", TEST_IMAGE)
 
 pytestmark = pytest.mark.docker

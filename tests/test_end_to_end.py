@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, read_calls, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, by_prompt, text, tool_call
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 
 RELEASE_EN = "Release version 1.4.2 to the beta channel."
 RELEASE_FR = "Publie la version 1.4.2 sur le canal beta."
@@ -441,7 +437,7 @@ def test_repeats_and_min_pass_rate(
 
     fake = fake_model(alternating)
     out = tmp_path / "out"
-    args = (
+    args: tuple[str | Path, ...] = (
         "run",
         release_example / "tasks.yaml",
         *model_args(fake),

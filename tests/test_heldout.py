@@ -15,11 +15,8 @@ import pytest
 
 from mm_batch.config.load import load_tasks
 from mm_batch.config.model import AnyOf, CallExpectation, TaskSpec, ToolSpec, Value
-from mm_batch.testing.fake_openai import FakeOpenAI, Reply, Script, by_prompt, text, tool_call
-from tests.conftest import ROOT, CliResult, model_args, read_calls
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import Reply, Script, by_prompt, text, tool_call
+from tests.helpers import ROOT, Cli, CliResult, Fake, model_args, read_calls
 
 HELDOUT = ROOT / "benchmarks" / "heldout"
 LOG = "heldout-received.log"

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects.gguf import server_binary, status
 from mm_batch.plan import Overrides, make_plan
-from tests.conftest import EXAMPLE, CliResult, check_report, write
+from tests.helpers import EXAMPLE, Cli, check_report, write
 
 LIVE_MODEL = "local/qwen2.5-coder-0.5b"
 # .ci/run sets this: there the live suite must run, never skip.
@@ -43,14 +42,14 @@ def test_local_models_are_deterministic_by_default(tmp_path: Path) -> None:
     assert default.model_options == {"temperature": 0, "seed": 42}
 
 
-def test_unknown_local_model_is_a_usage_error(cli: Callable[..., CliResult]) -> None:
+def test_unknown_local_model_is_a_usage_error(cli: Cli) -> None:
     result = cli("run", EXAMPLE / "tasks.yaml", "--model", "local/qwen9-huge")
     assert result.code == 2
     assert "unknown local model 'local/qwen9-huge' (known: local/qwen2.5-coder-0.5b, " in result.err
 
 
 def test_missing_extra_says_what_to_do(
-    cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The extra cannot be uninstalled from under the test run: its absence is simulated here.
     monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: None)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mm_batch.config.load import load_tasks
 from mm_batch.plan import Overrides, make_plan
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
-from tests.conftest import CliResult, model_args, write
-
-Cli = Callable[..., CliResult]
+from mm_batch.testing.fake_openai import by_prompt, text
+from tests.helpers import Cli, Fake, model_args, write
 
 
 def tasks(tmp_path: Path, options: str = "{}") -> Path:
@@ -58,7 +55,7 @@ def test_local_models_rescue_text_calls_by_default(tmp_path: Path) -> None:
 )
 def test_a_bad_own_option_on_the_command_line_is_a_usage_error(
     cli: Cli,
-    fake_model: Callable[[Script], FakeOpenAI],
+    fake_model: Fake,
     tmp_path: Path,
     option: str,
     message: str,
@@ -72,7 +69,7 @@ def test_a_bad_own_option_on_the_command_line_is_a_usage_error(
 
 
 def test_mm_batch_s_own_options_never_reach_a_hosted_provider(
-    cli: Cli, fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+    cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     """`call_grammar` is for mm-batch's own local server: a hosted model is never sent it."""
     fake = fake_model(by_prompt({"hi": [text("hello")]}))

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,9 +27,9 @@ from mm_batch import __version__
 from mm_batch.cli import cli as mm_batch_cli
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects import gguf
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
-from tests.conftest import ROOT
+from mm_batch.testing.fake_openai import by_prompt, text
 from tests.docker_support import REQUIRED as DOCKER_REQUIRED
+from tests.helpers import ROOT, Fake
 from tests.test_end_to_end import GOOD, STATUS_EN
 
 PIPELINES = ROOT / "pipelines"
@@ -653,9 +653,7 @@ def test_every_junit_annotation_names_the_model(path: str) -> None:
         assert step["with"].get("check_title_template") == TITLE_TEMPLATE, path
 
 
-def test_the_github_workflow_runs_as_documented(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_github_workflow_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
     """Its run steps, as written, on a repository holding a tasks file (one task fails)."""
     replies = dict(GOOD)
     replies[STATUS_EN] = [GOOD[STATUS_EN][1]]  # answers without running anything: fails
@@ -744,9 +742,7 @@ def hosted_repo(tmp_path: Path) -> Path:
     return repo
 
 
-def test_the_hosted_github_workflow_keeps_the_key_secret(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_hosted_github_workflow_keeps_the_key_secret(fake_model: Fake, tmp_path: Path) -> None:
     """The key from the secret store reaches mm-batch, never a report or the log; without it the
     run stops, saying which secret is missing."""
     key = "sk-test-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
@@ -801,9 +797,7 @@ def test_the_compare_gate_saves_on_the_default_branch_and_compares_a_pull_reques
     assert compare["run"].rstrip().endswith('exit "${code:-0}"')
 
 
-def test_the_compare_workflow_runs_as_documented(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_compare_workflow_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
     """Its run steps, as written: a push saves the baseline; a pull request whose status task
     stopped working fails on the comparison, with compare.md on the job summary."""
     repo = hosted_repo(tmp_path)
@@ -1222,9 +1216,7 @@ exec "%(python)s" "$@"
 """
 
 
-def test_the_action_runs_as_documented(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_action_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
     """Its steps, as the runner runs them (inputs and github.* filled in, GITHUB_* files): it
     installs mm-batch from its own checkout, runs the tasks, says what it found in its outputs,
     on the job summary and in annotations naming the model, and fails with mm-batch's code."""
@@ -1349,9 +1341,7 @@ def gitlab_env(job: Mapping[str, Any], repo: Path, more: Mapping[str, str]) -> d
     return {**env, **more}
 
 
-def test_the_component_runs_as_documented(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_component_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
     """Its jobs, as GitLab would run them with these inputs: 2 shards in an image that has
     mm-batch (package ""), then the merge, which fails with the batch's verdict."""
     replies = dict(GOOD)
@@ -1399,9 +1389,7 @@ MM_BATCH_IMAGE = "mm-batch/mm-batch:hosted"
 
 
 @pytest.mark.docker
-def test_the_mm_batch_image_runs_the_release_example(
-    fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
-) -> None:
+def test_the_mm_batch_image_runs_the_release_example(fake_model: Fake, tmp_path: Path) -> None:
     """`mm-batch run` inside the image, as a CI job would run it with the checkout mounted."""
     docker = shutil.which("docker")
     if (

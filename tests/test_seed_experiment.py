@@ -7,14 +7,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Reply, Script, by_prompt, text, tool_call
-from tests.conftest import ROOT, CliResult, model_args, read_calls
+from mm_batch.testing.fake_openai import Reply, by_prompt, text, tool_call
+from tests.helpers import ROOT, Cli, Fake, model_args, read_calls
 
 RELEASE = "Release version 1.4.2 to the beta channel."
 CALLS = {
@@ -74,8 +74,8 @@ def _by_approach(request: dict[str, Any]) -> Reply:
 
 def test_each_approach_passes_only_when_the_script_really_ran(
     seed: Path,
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
 ) -> None:
     fake = fake_model(_by_approach)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, first_user_message, text
-from tests.conftest import CliResult, check_report, model_args, write
-
-Cli = Callable[..., CliResult]
+from mm_batch.testing.fake_openai import first_user_message, text
+from tests.helpers import Cli, Fake, check_report, model_args, write
 
 TASKS = """\
 agent: agent.yaml
@@ -70,7 +67,7 @@ def test_a_glob_that_matches_nothing_is_a_usage_error(
 
 
 def test_exitfirst_starts_no_run_after_the_first_failure(
-    cli: Cli, fake_model: Callable[[Script], FakeOpenAI], tasks: Path, tmp_path: Path
+    cli: Cli, fake_model: Fake, tasks: Path, tmp_path: Path
 ) -> None:
     # The second task fails; with one job, the third and fourth have not started by then.
     answers = {"one": "ok", "two": "no", "three": "ok", "four": "ok"}
@@ -96,7 +93,7 @@ def test_exitfirst_starts_no_run_after_the_first_failure(
 
 
 def test_without_exitfirst_every_run_starts(
-    cli: Cli, fake_model: Callable[[Script], FakeOpenAI], tasks: Path, tmp_path: Path
+    cli: Cli, fake_model: Fake, tasks: Path, tmp_path: Path
 ) -> None:
     answers = {"one": "ok", "two": "no", "three": "ok", "four": "ok"}
     fake = fake_model(lambda request: text(answers[first_user_message(request)]))

@@ -13,18 +13,16 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from junitparser import Error, JUnitXml
 
-from mm_batch.commands.signals import cancel_on_signals
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
+from mm_batch.effects.signals import cancel_on_signals
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.adversarial.test_watchdog_attacks import live_members
-from tests.conftest import check_report, run_until_marker, write
-
-Fake = Callable[[Script], FakeOpenAI]
+from tests.helpers import Fake, check_report, run_until_marker, write
 
 
 def _start(fake_model: Fake, tmp_path: Path) -> subprocess.Popen[bytes]:

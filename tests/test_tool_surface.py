@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mm_batch.run.toolbox import skill_answer
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, read_calls, write
+from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text, tool_call
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 from tests.mcp_server import project_server, serve
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 
 
 def run(cli: Cli, directory: Path, fake: FakeOpenAI, *extra: str) -> tuple[CliResult, list[Any]]:

@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,9 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.conftest import CliResult, check_report, read_calls, write
-from tests.conftest import priced_model_args as _model
+from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, write
+from tests.helpers import priced_model_args as _model
 from tests.run.test_cost import turn_usd
-
-Cli = Callable[..., CliResult]
-Fake = Callable[..., FakeOpenAI]
 
 PROMPT = "Probe the service."
 PRICED = "openai/gpt-4o-mini"  # litellm prices it

@@ -9,17 +9,15 @@ node is built: each in well under a second (asserted loosely, < 2 s).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mm_batch.testing.fake_openai import FakeOpenAI
 from tests.config.corpus import cases, marking_model, refused_everywhere
-from tests.conftest import CliResult, write
+from tests.helpers import Cli, write
 
 __all__ = ["marking_model"]  # the fixture: one fake model for the module
-Cli = Callable[..., CliResult]
 ATTACKS = cases(attacks=True)
 MAX_SECONDS = 2.0
 MARK_AGENT = """\

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text, tool_call
-from tests.conftest import CliResult, model_args, read_calls, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import text, tool_call
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 
 AGENT = """
 yolo: false

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from mm_batch.config.secrets import Masker
 from mm_batch.run.ports import McpTool, ModelReply, ToolCallRequest
 from mm_batch.run.toolbox import PreparedCall, Toolbox
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
-from tests.conftest import CliResult, write
+from tests.helpers import Cli, write
 from tests.run.scripted import Outcome, ScriptedClient, answer, calls, run_tasks
 
 EXAMPLE = "inventory"
@@ -458,7 +457,7 @@ def test_a_secret_in_a_description_is_never_sent_to_the_model(tmp_path: Path) ->
 
 
 def test_mm_batch_tools_prints_the_descriptions_masked_as_they_are_sent(
-    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SHIP_TOKEN", SECRET)  # a secret by its name, as `run` reads it
     agent = write(tmp_path, "agent.yaml", agent_yaml(service=f"The service name, e.g. {SECRET}."))

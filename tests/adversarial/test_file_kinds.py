@@ -14,18 +14,15 @@ import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
-from tests.conftest import CliResult, model_args, write
+from mm_batch.testing.fake_openai import text
+from tests.helpers import Cli, Fake, model_args, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 HANG_S = 30  # far above a configuration error's second; a read of a FIFO never ends
 
 AGENT = """

@@ -9,7 +9,7 @@ the reason the provider sends, and read the verdict and the model record.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,8 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.conftest import CliResult, model_args, read_calls, write
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
 
 # What providers send for a cut or filtered turn, and what they send beside it.

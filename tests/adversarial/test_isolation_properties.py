@@ -23,8 +23,8 @@ from mm_batch.effects.host import HostExecutor
 from mm_batch.run.judge import CheckRun, judge
 from mm_batch.run.ports import ExecResult, Executor, PinnedProgram
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
-from tests.conftest import model_args, read_calls
 from tests.docker_support import BASE_IMAGE, TEST_IMAGE, build_image_without, require_image
+from tests.helpers import model_args, read_calls
 
 pytestmark = pytest.mark.docker
 

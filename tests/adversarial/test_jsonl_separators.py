@@ -10,7 +10,6 @@ refused the whole folder. Now every non-ASCII character is escaped and lines are
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,8 @@ from hypothesis import strategies as st
 from mm_batch.commands.results import read_records
 from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.html import records_of
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
+from tests.helpers import Cli, Fake, model_args, write
 
 # Every character some reader takes for the end of a line (str.splitlines, JavaScript, YAML).
 SEPARATORS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -33,10 +33,8 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.conftest import CliResult, check_report, model_args, read_calls, write
+from tests.helpers import Cli, CliResult, Fake, check_report, model_args, read_calls, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 MESSAGES = [{"role": "user", "content": "go"}]
 
 

@@ -38,13 +38,10 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, check_json, check_report, model_args, write
 from tests.consumers.test_reading_rules import mikepenz_position
+from tests.helpers import Cli, CliResult, Fake, check_json, check_report, model_args, write
 from tests.report.test_junit import FLAKY_TASKS
 from tests.report.test_terminal import _pty_run, _slow_suite
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 
 SECRET = "rt-secret-Z9q8w7e6r5t4"  # 22 characters, none of them in any other text here
 

@@ -23,12 +23,9 @@ from typing import Any
 import pytest
 
 from mm_batch.plan import classname
-from mm_batch.testing.fake_openai import FakeOpenAI, RawReply, Script, text, tool_call, turn
-from tests.conftest import CliResult, check_report, model_args, run_until_marker
+from mm_batch.testing.fake_openai import FakeOpenAI, RawReply, text, tool_call, turn
 from tests.commands.test_rerun import AGENT, TASKS, _asked, _cases, _project, _records, _script
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from tests.helpers import Cli, CliResult, Fake, check_report, model_args, run_until_marker
 
 MODEL = "hosted_vllm/fake"
 ALPHA, BETA, GAMMA = (f"{t}[{MODEL}]#1" for t in ("alpha", "beta", "gamma"))

@@ -7,16 +7,12 @@ commands run on the host here (the worst case: no sandbox at all between them an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, read_calls, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text, tool_call
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 
 AGENT = """
 yolo: false

@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, read_calls, write
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.docker_support import (
     TEST_IMAGE,
     EngineProxy,
@@ -24,9 +23,7 @@ from tests.docker_support import (
     containers_of,
     when_running,
 )
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from tests.helpers import Cli, Fake, model_args, read_calls, write
 
 pytestmark = pytest.mark.docker
 

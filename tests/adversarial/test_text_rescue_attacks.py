@@ -8,17 +8,13 @@ leave, the records, the verdict and the exit code.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
-from tests.conftest import CliResult, model_args, read_calls, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import text
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
 
 AGENT = """
 yolo: {yolo}

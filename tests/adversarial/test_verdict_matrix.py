@@ -23,7 +23,7 @@ from mm_batch.run.ports import (
     ModelReply,
     SandboxError,
 )
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import Outcome, ScriptedClient, Step, answer, calls, run_tasks
 
 AGENT = """

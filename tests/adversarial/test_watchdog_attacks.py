@@ -28,11 +28,10 @@ from mm_batch.effects.watchdog import (
     Watchdog,
     process_start,
 )
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import model_args, read_calls, run_until_marker, write
+from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text, tool_call
 from tests.docker_support import TEST_IMAGE
+from tests.helpers import Fake, model_args, read_calls, run_until_marker, write
 
-Fake = Callable[[Script], FakeOpenAI]
 WITHIN_S = 5.0
 # A command that says it started (its group id in `started`), leaves a sleeper in its group that
 # would write `late` in 2 s, and waits: no call of it must ever finish.

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 
-from mm_batch.testing.fake_openai import FakeOpenAI, Script
-from tests.conftest import CliResult, check_report, model_args
+from mm_batch.testing.fake_openai import FakeOpenAI
+from tests.helpers import Cli, Fake, check_report, model_args
 from tests.report.test_junit import FLAKY_AGENT, FLAKY_TASKS, flaky_script
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 
 TWO_TASKS = (
     FLAKY_TASKS + "\n  - id: second\n    prompt: Publish.\n    expect:\n      calls: [{tool: ok}]\n"

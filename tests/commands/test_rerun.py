@@ -6,7 +6,6 @@ import json
 import signal
 import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, check_report, model_args, run_until_marker
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from tests.helpers import Cli, Fake, check_report, model_args, run_until_marker
 
 AGENT = """\
 yolo: true

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mm_batch.testing.fake_openai import FakeOpenAI, tool_call
-from tests.conftest import CliResult
+from tests.helpers import Cli
 
 BAD = Path(__file__).parent / "bad"
 ATTACK = "attack-"  # cases that are attacks are tested in tests/adversarial/
@@ -28,9 +28,7 @@ def marking_model() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def refused_everywhere(
-    case: str, cli: Callable[..., CliResult], server: FakeOpenAI, tmp_path: Path
-) -> float:
+def refused_everywhere(case: str, cli: Cli, server: FakeOpenAI, tmp_path: Path) -> float:
     """Assert `validate` and `run` refuse the case with its exact message, and nothing ran.
 
     The fake model asks for the `mark` tool at every turn, so a file that got through would

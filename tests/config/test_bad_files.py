@@ -6,14 +6,13 @@ The cases that are attacks run in tests/adversarial/test_config_attacks.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mm_batch.testing.fake_openai import FakeOpenAI
 from tests.config.corpus import cases, marking_model, refused_everywhere
-from tests.conftest import CliResult
+from tests.helpers import Cli
 
 CASES = cases(attacks=False)
 __all__ = ["marking_model"]  # the fixture, shared with the attack cases
@@ -27,7 +26,7 @@ def test_the_corpus_is_there() -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_bad_file_is_refused_with_its_exact_message(
     case: str,
-    cli: Callable[..., CliResult],
+    cli: Cli,
     marking_model: FakeOpenAI,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from mm_batch.config.load import load_tasks
 from mm_batch.config.model import AnyOf
-from tests.conftest import write
+from tests.helpers import write
 
 AGENT = """
 mcp:

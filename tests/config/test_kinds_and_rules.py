@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mm_batch.config.load import load_tasks
-from mm_batch.config.problems import ConfigError
-from mm_batch.config.yamlnodes import MAX_QUOTED, excerpt, one_edit_apart
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
-from tests.conftest import CliResult, model_args, write
+from mm_batch.config.problems import MAX_QUOTED, ConfigError, excerpt
+from mm_batch.config.yamlnodes import one_edit_apart
+from mm_batch.testing.fake_openai import by_prompt, text
+from tests.helpers import Cli, Fake, model_args, write
 
-Cli = Callable[..., CliResult]
 AGENT = """\
 tools:
   - name: release
@@ -49,7 +47,7 @@ def test_validate_says_which_kind_of_file_it_read(cli: Cli, tmp_path: Path) -> N
 
 
 def test_bash_globs_over_programs_that_run_programs_warn_but_pass(
-    cli: Cli, tmp_path: Path, fake_model: Callable[[Script], FakeOpenAI]
+    cli: Cli, tmp_path: Path, fake_model: Fake
 ) -> None:
     write(
         tmp_path,

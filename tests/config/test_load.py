@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.load import load_tasks
-from tests.conftest import EXAMPLE, write
+from tests.helpers import EXAMPLE, write
 
 
 def test_release_example_loads() -> None:

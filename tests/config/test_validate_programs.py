@@ -5,14 +5,11 @@ are errors; for a docker sandbox, whose image may hold what the host lacks, a wa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliResult, write
-
-Cli = Callable[..., CliResult]
+from tests.helpers import Cli, write
 
 
 def agent(program: str, sandbox: str = "host") -> str:

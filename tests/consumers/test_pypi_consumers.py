@@ -15,9 +15,9 @@ from junit2htmlreport import parser as junit2html
 from junitparser import Error, Failure
 from junitparser.xunit2 import JUnitXml, TestCase
 
-from tests.conftest import check_report
 from tests.consumers.conftest import assert_shows
 from tests.consumers.shapes import MODEL, Reports, Shape
+from tests.helpers import check_report
 
 SHAPES = ("passing", "failing", "error", "flaky", "merged")
 

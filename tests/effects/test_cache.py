@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,8 @@ from mm_batch.config.secrets import Masker
 from mm_batch.effects import cache as cache_module
 from mm_batch.effects.litellm import load_litellm
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, check_report, read_calls, write
-from tests.conftest import priced_model_args as _model
-
-Cli = Callable[..., CliResult]
-Fake = Callable[..., FakeOpenAI]
+from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, write
+from tests.helpers import priced_model_args as _model
 
 PROMPT = "Probe the service."
 SECRET = "hunter2-very-secret"

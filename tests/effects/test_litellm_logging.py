@@ -5,14 +5,15 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from mm_batch.config.secrets import NO_SECRETS
 from mm_batch.effects.litellm import LiteLLMClient, load_litellm
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
+from mm_batch.testing.fake_openai import text
+from tests.helpers import Fake
 
 MESSAGES = [{"role": "user", "content": "go"}]
 
@@ -35,7 +36,7 @@ def logged() -> Iterator[threading.Event]:
 
 
 def test_litellm_logs_a_call_of_its_own_to_the_callback(
-    fake_model: Callable[[Script], FakeOpenAI], logged: threading.Event
+    fake_model: Fake, logged: threading.Event
 ) -> None:
     fake = fake_model(lambda _r: text("ok"))
     load_litellm().completion(
@@ -45,7 +46,7 @@ def test_litellm_logs_a_call_of_its_own_to_the_callback(
 
 
 def test_mm_batch_s_model_calls_are_not_logged_by_litellm(
-    fake_model: Callable[[Script], FakeOpenAI], logged: threading.Event
+    fake_model: Fake, logged: threading.Event
 ) -> None:
     fake = fake_model(lambda _r: text("ok"))
     client = LiteLLMClient("hosted_vllm/fake", {"api_base": fake.url}, masker=NO_SECRETS)
@@ -73,7 +74,7 @@ def litellm_priced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize("model", ["hosted_vllm/fake", "openai/gpt-4o-mini"])
 def test_litellm_does_not_price_mm_batch_s_calls_and_mm_batch_still_does(
-    fake_model: Callable[[Script], FakeOpenAI], litellm_priced: list[str], model: str
+    fake_model: Fake, litellm_priced: list[str], model: str
 ) -> None:
     litellm = load_litellm()
     fake = fake_model(lambda _r: text("ok"))

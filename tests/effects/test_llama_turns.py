@@ -25,7 +25,7 @@ from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
 from mm_batch.plan import Overrides, RunSpec, make_plan
 from mm_batch.run.batch import Effects
 from mm_batch.run.ports import ModelDeadlineError
-from tests.conftest import write
+from tests.helpers import write
 
 SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"
 STANDIN = Path(__file__).with_name("standin_llama.py")

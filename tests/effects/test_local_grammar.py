@@ -18,7 +18,7 @@ import pytest
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects.gguf import gguf_path
 from mm_batch.effects.llama import MAX_TOKENS
-from tests.conftest import read_calls, write
+from tests.helpers import read_calls, write
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("standin_llama.py")

@@ -4,15 +4,13 @@ thinking, against a server that refuses what Anthropic refuses (SPEC 6)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliResult, check_report, read_calls, write
+from tests.helpers import Cli, CliResult, check_report, read_calls, write
 from tests.providers.wire import Thinking, Turn, WireServer, anthropic
 
-Cli = Callable[..., CliResult]
 KEY = "sk-ant-test-4f9c2e7d1b"
 MODEL = "anthropic/claude-sonnet-4-5"
 THINKING = Thinking("The user wants 1.4.2 on beta: call release.", "EqQBCkgIARABGAIiQL+sig==")

@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 from mm_batch.effects.litellm import load_litellm
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
-from tests.conftest import CliResult, check_report, read_calls, write
+from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text
+from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 KEY = "azure-key-8c3f1d2e9b"
 DEPLOYMENT = "azure/acme-prod-chat"  # a name litellm has no price for
 

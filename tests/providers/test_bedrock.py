@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliResult, check_report, read_calls
+from tests.helpers import Cli, CliResult, check_report, read_calls
 from tests.providers.test_anthropic import tasks
 from tests.providers.wire import Thinking, Turn, WireServer, bedrock
 
-Cli = Callable[..., CliResult]
 SECRET = "bedrock-secret-key-0a9f3c"
 MODEL = "bedrock/us.anthropic.claude-sonnet-4-5-20250929-v1:0"
 THINKING = Thinking("Release 1.4.2 with the tool.", "c2lnbmF0dXJlLWJlZHJvY2s=")

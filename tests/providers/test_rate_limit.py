@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,11 +12,9 @@ import pytest
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.litellm import LiteLLMClient
 from mm_batch.run.ports import ModelRateLimitError, ModelReply
-from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, Reply, Script, text
-from tests.conftest import CliResult, check_report, read_calls, write
+from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, Reply, text
+from tests.helpers import Cli, Fake, check_report, read_calls, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 KEY = "sk-rate-limited-5d1e9a"
 MESSAGES = [{"role": "user", "content": "go"}]
 

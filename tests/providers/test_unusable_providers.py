@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ from mm_batch.effects.litellm import LiteLLMClient, load_litellm
 from mm_batch.effects.model_calls import Retries
 from mm_batch.effects.providers import SDKS, known_providers, provider_problem
 from mm_batch.run.ports import ModelError
-from tests.conftest import CliResult, write
+from tests.helpers import Cli, write
 
-Cli = Callable[..., CliResult]
 VERTEX = "vertex_ai/gemini-2.5-pro"
 UNKNOWN = "nosuchprovider/model-x"
 google_auth_missing = pytest.mark.skipif(

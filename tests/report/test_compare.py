@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,8 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, model_args
+from tests.helpers import Cli, Fake, model_args
 from tests.report.test_junit import FLAKY_AGENT
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +11,8 @@ import pytest
 
 from mm_batch.report.terminal import ANNOTATION_LIMIT, escape_property, github_annotations
 from mm_batch.run.records import RunResult
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text
-from tests.conftest import CliResult, model_args, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import by_prompt, text
+from tests.helpers import Cli, Fake, model_args, write
 
 AGENT = """
 yolo: true

@@ -9,26 +9,20 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
-    Script,
     first_user_message,
     text,
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, model_args
 from tests.consumers.conftest import require
 from tests.consumers.test_xunit_viewer import Node, chromium, dom, draw
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from tests.helpers import Cli, Fake, model_args
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ import pytest
 from junitparser import Error, Failure, JUnitXml
 
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
     HttpFailure,
     Script,
     by_prompt,
@@ -22,12 +20,12 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.conftest import CliResult, check_report, model_args
+from tests.helpers import Cli, Fake, check_report, model_args
 
 
 def test_report_is_valid_and_readable(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     release_example: Path,
     tmp_path: Path,
 ) -> None:
@@ -86,7 +84,7 @@ def test_report_is_valid_and_readable(
 
 
 def test_errors_are_error_elements(
-    cli: Callable[..., CliResult],
+    cli: Cli,
     release_example: Path,
     tmp_path: Path,
 ) -> None:
@@ -160,8 +158,8 @@ def _testcases(junit: Path) -> dict[str, ET.Element]:
 
 
 def test_a_failure_says_why_first_then_the_checks_the_stderr_and_the_task_line(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
 ) -> None:
     tasks = _project(tmp_path)
@@ -198,8 +196,8 @@ def test_a_failure_says_why_first_then_the_checks_the_stderr_and_the_task_line(
 
 
 def test_an_unreachable_model_says_it_could_not_be_judged(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,8 +217,8 @@ def test_an_unreachable_model_says_it_could_not_be_judged(
 
 
 def test_a_long_stderr_shows_its_last_2048_characters(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
 ) -> None:
     tasks = _project(
@@ -276,8 +274,8 @@ tasks:
 
 
 def test_a_tolerated_failing_repeat_is_a_flaky_pass_and_the_report_agrees_with_exit_0(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
@@ -299,8 +297,8 @@ def test_a_tolerated_failing_repeat_is_a_flaky_pass_and_the_report_agrees_with_e
 
 
 def test_below_the_pass_rate_every_failing_repeat_is_a_failure(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)

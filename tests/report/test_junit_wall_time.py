@@ -4,7 +4,6 @@ parallel overlap, and the sum of their times is no time anyone waited (SPEC 7)."
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from mm_batch.config.secrets import Masker
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.junit import junit_xml
 from mm_batch.run.records import RunResult
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text, tool_call, turn
-from tests.conftest import CliResult, check_report, model_args, write
+from mm_batch.testing.fake_openai import text, tool_call, turn
+from tests.helpers import Cli, Fake, check_report, model_args, write
 
 AGENT = """\
 yolo: true
@@ -43,7 +42,7 @@ def _suites(junit: Path) -> list[ET.Element]:
 
 
 def test_a_suite_of_parallel_runs_takes_its_wall_time(
-    cli: Callable[..., CliResult], fake_model: Callable[[Script], FakeOpenAI], tmp_path: Path
+    cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     write(tmp_path, "agent.yaml", AGENT)
     write(tmp_path, "tasks.yaml", TASKS)

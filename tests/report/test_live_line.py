@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mm_batch.report.terminal import Progress
 from mm_batch.run.records import RunResult
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, run_tasks
 
 

@@ -29,17 +29,17 @@ from mm_batch.config.model import TasksFile
 from mm_batch.config.problems import ConfigError
 from mm_batch.schemas import SchemaName
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
     HttpFailure,
     Script,
     first_user_message,
     text,
     tool_call,
 )
-from tests.conftest import (
+from tests.helpers import (
     JUNIT_XSD,
     ROOT,
-    CliResult,
+    Cli,
+    Fake,
     check_json,
     check_junit,
     check_report,
@@ -360,8 +360,8 @@ def _replies() -> Script:
 
 
 def test_reports_of_passes_failures_errors_and_a_merge_meet_the_schemas(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     release_example: Path,
     tmp_path: Path,
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import re
 import string
-from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,11 +21,8 @@ from hypothesis import strategies as st
 
 from mm_batch.report.summary import WORD_JOINER, markdown_text, one_line, summary_markdown
 from mm_batch.run.records import RunResult, Status
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
-from tests.conftest import CliResult, model_args, write
-
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
+from mm_batch.testing.fake_openai import by_prompt, text, tool_call
+from tests.helpers import Cli, Fake, model_args, write
 
 HOSTILE = [
     "[x](http://e.vil)",

@@ -3,15 +3,14 @@ points at report.html."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mm_batch.report.summary import summary_markdown
 from mm_batch.run.records import RunResult, Status
-from mm_batch.testing.fake_openai import FakeOpenAI, Script, text
-from tests.conftest import CliResult, model_args, write
+from mm_batch.testing.fake_openai import text
+from tests.helpers import Cli, Fake, model_args, write
 
 
 def shown(line: str) -> str:
@@ -53,8 +52,8 @@ def test_the_first_line_after_the_title_is_the_verdict_with_the_report_path(
 
 
 def test_a_run_names_its_tasks_file_and_report_in_the_summary_and_the_step_summary(
-    cli: Callable[..., CliResult],
-    fake_model: Callable[[Script], FakeOpenAI],
+    cli: Cli,
+    fake_model: Fake,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

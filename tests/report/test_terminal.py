@@ -28,15 +28,12 @@ from mm_batch.run.records import RunResult, Status
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     HttpFailure,
-    Script,
     by_prompt,
     text,
     tool_call,
 )
-from tests.conftest import CliResult, model_args, write
+from tests.helpers import Cli, Fake, model_args, write
 
-Cli = Callable[..., CliResult]
-Fake = Callable[[Script], FakeOpenAI]
 TABLE_HEADER = re.compile(r"^model +passed/runs +failed +errors +mean s +tokens in/out +cost usd$")
 LIVE = re.compile(r"(\d+)/(\d+) done, \d+ passed, \d+ failed, \d+ errors, (\d+) s elapsed")
 

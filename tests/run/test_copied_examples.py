@@ -15,7 +15,7 @@ from pathlib import Path
 from mm_batch.config.model import ParamSpec, ToolSpec
 from mm_batch.run.ports import ModelReply
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, calls, run_tasks
 
 AGENT = """

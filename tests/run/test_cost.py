@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import operator
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,14 @@ from mm_batch.commands import run as run_command
 from mm_batch.effects import litellm as litellm_effects
 from mm_batch.plan import Overrides
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
     Script,
     by_prompt,
     first_user_message,
     text,
     tool_call,
 )
-from tests.conftest import CliResult, check_report, read_calls, write
-from tests.conftest import priced_model_args as _model
-
-Cli = Callable[..., CliResult]
-Fake = Callable[..., FakeOpenAI]
+from tests.helpers import Cli, Fake, check_report, read_calls, write
+from tests.helpers import priced_model_args as _model
 
 PRICED = "openai/gpt-4o-mini"
 UNPRICED = "hosted_vllm/fake"

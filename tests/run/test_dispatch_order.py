@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mm_batch.plan import Overrides
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import run_tasks
 
 SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"

@@ -9,7 +9,7 @@ from typing import Any
 
 from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, InFlight
 from mm_batch.run.ports import ModelDeadlineError, ModelReply
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import calls, run_tasks
 
 ALLOWLIST_AGENT = """

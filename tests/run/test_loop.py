@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, calls, run_tasks
 
 AGENT = """

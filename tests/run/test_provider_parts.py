@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_batch.run.ports import ModelReply, ToolCallRequest
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, run_tasks
 
 SECRET = "hunter2-secret-value"

@@ -13,7 +13,7 @@ from pathlib import Path
 from mm_batch.plan import Overrides
 from mm_batch.run.loop import ANSWER_NOW, REPEAT_REASON, SETTLES
 from mm_batch.run.ports import ModelReply
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, calls, run_tasks
 
 AGENT = """

@@ -14,7 +14,7 @@ from mm_batch.config.secrets import Masker
 from mm_batch.plan import Overrides
 from mm_batch.run.ports import ModelReply
 from mm_batch.run.toolbox import PreparedCall, Toolbox, skill_answer
-from tests.conftest import write
+from tests.helpers import write
 from tests.run.scripted import answer, calls, run_tasks
 
 SKILLS = {
