@@ -3,20 +3,24 @@
 A relative link must name a file that exists; a `#fragment` must name a heading of that file
 under both GitHub's and MkDocs' anchor rules (the README is read on GitHub, docs/ is built as a
 site); a link from docs/ stays inside docs/ (a site cannot link out of its own folder). The
-command-line reference names every command and option the CLI has.
+command-line reference is what docs/gen_cli.py writes from the click commands now, and names
+every command and option the CLI has.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tempfile
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import unquote
 
 import click
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -222,12 +226,45 @@ def _commands() -> dict[str, click.Command]:
     return dict(cli.commands)
 
 
+def _generator() -> ModuleType:
+    """docs/gen_cli.py, which writes the CLI reference's sections from the click commands."""
+    spec = importlib.util.spec_from_file_location("gen_cli", DOCS / "gen_cli.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CLI_PAGE = DOCS / "reference" / "cli.md"
+
+
+def test_the_cli_reference_is_what_its_generator_writes_from_the_commands() -> None:
+    render: Callable[[str], str] = _generator().render
+    page = CLI_PAGE.read_text(encoding="utf-8")
+    assert render(page) == page, "docs/reference/cli.md is stale: run python docs/gen_cli.py"
+
+
+def test_the_generator_adds_a_missing_command_and_refuses_an_unknown_one() -> None:
+    generator = _generator()
+    render: Callable[[str], str] = generator.render
+    written = render("# Command line\n\nBy hand.\n")
+    assert written.startswith("# Command line\n\nBy hand.\n\n<!-- cli: mm-batch -->\n")
+    for name in _commands():
+        assert f"<!-- cli: mm-batch {name} -->\n\n## `mm-batch {name}`\n" in written
+    kept = written.replace("<!-- /cli: mm-batch run -->\n", "<!-- /cli: mm-batch run -->\nNote.\n")
+    assert render(kept) == kept, "the text between sections is kept as written"
+    stale = written.replace("Run every task of", "Once ran every task of")
+    assert render(stale) == written
+    with pytest.raises(generator.StalePageError, match="mm-batch deploy"):
+        render(written + "<!-- cli: mm-batch deploy -->\n<!-- /cli: mm-batch deploy -->\n")
+
+
 def test_the_cli_reference_names_every_command_and_option() -> None:
-    reference = (DOCS / "reference" / "cli.md").read_text(encoding="utf-8")
+    reference = CLI_PAGE.read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing: list[str] = []
     for name, command in _commands().items():
-        if f"mm-batch {name}" not in reference:
+        if f"## `mm-batch {name}`" not in reference:
             missing.append(f"cli.md: mm-batch {name}")
         if f"mm-batch {name}" not in readme:
             missing.append(f"README.md: mm-batch {name}")
