@@ -8,14 +8,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from mm_batch.config.agent import MAX_PARALLEL, WEEK_S
 from mm_batch.config.local_catalog import CATALOG, LOCAL_PREFIX, local_model
 from mm_batch.config.model import (
     DEFAULT_MODEL,
+    MAX_PARALLEL,
     OWN_MODEL_OPTIONS,
     SET_BY_MM_BATCH,
+    WEEK_S,
     CacheMode,
     CacheSettings,
     SandboxKind,
@@ -25,9 +25,10 @@ from mm_batch.config.model import (
 )
 from mm_batch.config.tasks import MAX_JOBS, MAX_REPEAT
 from mm_batch.errors import UsageError
+from mm_batch.jsontypes import JsonObject, JsonValue
 
 # Local models run deterministic unless the agent says otherwise, so that a CI run repeats.
-LOCAL_MODEL_DEFAULTS = {"temperature": 0, "seed": 42}
+LOCAL_MODEL_DEFAULTS: JsonObject = {"temperature": 0, "seed": 42}
 
 
 class PlanError(UsageError):
@@ -39,7 +40,7 @@ class Overrides:
     """What the command line says; it wins over the files (CLI > task > tasks file > agent)."""
 
     models: tuple[str, ...] = ()
-    model_options: Mapping[str, Any] = field(default_factory=dict)
+    model_options: Mapping[str, JsonValue] = field(default_factory=dict)
     repeat: int | None = None
     jobs: int | None = None
     yolo: bool | None = None
@@ -73,7 +74,7 @@ class RunSpec:
     task: TaskSpec
     model: str
     repeat: int
-    model_options: Mapping[str, Any]  # what litellm gets: mm-batch's own keys taken out
+    model_options: Mapping[str, JsonValue]  # what litellm gets: mm-batch's own keys taken out
     yolo: bool
     sandbox: SandboxSpec
     settings: ModelSettings = ModelSettings()
@@ -99,7 +100,7 @@ class Plan:
     exitfirst: bool = False  # start no run after the first that failed or erred
 
     @property
-    def coverage(self) -> dict[str, Any]:
+    def coverage(self) -> dict[str, str | int | None]:
         """Which part of the whole plan these runs are: what `merge` checks for completeness."""
         shard = f"{self.shard[0]}/{self.shard[1]}" if self.shard else None
         return {"shard": shard, "whole_runs": self.whole_runs}
@@ -161,7 +162,7 @@ def check_overrides(overrides: Overrides) -> None:
         raise PlanError(f"--max-cost takes a number of USD above 0, got {overrides.max_cost}")
 
 
-def _model_settings(model: str, options: Mapping[str, Any]) -> ModelSettings:
+def _model_settings(model: str, options: Mapping[str, JsonValue]) -> ModelSettings:
     """Read mm-batch's own keys (the files were checked at load; `--model-option` is not)."""
     max_parallel = options.get("max_parallel")
     if max_parallel is not None and (

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import click
 
-from mm_batch.config.agent import ProgramProblem
 from mm_batch.config.load import load_agent_file, load_any, load_tasks
 from mm_batch.config.model import TasksFile
-from mm_batch.config.problems import ConfigError, Problem
+from mm_batch.config.problems import ConfigError, Problem, ProgramProblem
 from mm_batch.config.secrets import masker_of
 from mm_batch.effects.providers import check_providers
 from mm_batch.errors import ExitCode

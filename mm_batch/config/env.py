@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
-from mm_batch.config.yamlnodes import At, Reader, string_problem
+from mm_batch.config.hostile import string_problem
+from mm_batch.config.yamlnodes import At, Reader
+from mm_batch.jsontypes import JsonValue
 
 ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -40,7 +41,8 @@ class Expander:
 
         return ENV_REF_RE.sub(substitute, text)
 
-    def expand_data(self, at: At, data: Any) -> Any:
+    def expand_data(self, at: At, data: JsonValue) -> JsonValue:
+        """Data with ${VAR} expanded in every string value (keys are the file's own)."""
         if isinstance(data, str):
             return self.expand(at, data)
         if isinstance(data, dict):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar, cast
+from typing import Generic, Never, Protocol, TypeVar, cast
 
-from mm_batch.config.yamlnodes import At, Reader, excerpt
+from mm_batch.config.problems import excerpt
+from mm_batch.config.yamlnodes import At, Reader
 
 
 class HasReader(Protocol):
@@ -16,20 +17,25 @@ class HasReader(Protocol):
     def reader(self) -> Reader: ...
 
 
+C = TypeVar("C", bound=HasReader)
 C_contra = TypeVar("C_contra", bound=HasReader, contravariant=True)
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+W = TypeVar("W", bound=str)
 
 
 @dataclass(frozen=True)
-class Key(Generic[C_contra, T]):
+class Key(Generic[C_contra, T_co]):
     """One key of a mapping: how its value is read, and whether it must be given.
 
     Keys are read in the order of their table, and `read` sees what the keys before it gave
     (allow rules name the tools declared above them in the table, whatever the file's order).
+    A table is a tuple of `Key[Context, object]`: each key's own value type is kept where the
+    key is named (`fields[KEY]`).
     """
 
     name: str
-    read: Callable[[C_contra, At, Fields], T | None]
+    read: Callable[[C_contra, At, Fields], T_co | None]
     required: bool = False
 
 
@@ -41,15 +47,16 @@ class Fields:
         self._values: dict[str, object] = {}
         self._given: dict[str, At] = {}
 
-    def __getitem__(self, key: Key[Any, T]) -> T | None:
+    def __getitem__(self, key: Key[Never, T]) -> T | None:
+        # The value was stored by this very key's `read`, so it has the key's type.
         return cast("T | None", self._values.get(key.name))
 
-    def given(self, key: Key[Any, Any]) -> At | None:
+    def given(self, key: Key[Never, object]) -> At | None:
         """Where the key's value was written, when it was."""
         return self._given.get(key.name)
 
 
-def read_fields(ctx: HasReader, at: At, table: Sequence[Key[Any, Any]]) -> Fields | None:
+def read_fields(ctx: C, at: At, table: Sequence[Key[C, object]]) -> Fields | None:
     """Read a mapping by its table: unknown, duplicate and missing keys reported once each."""
     found = ctx.reader.mapping(at, {k.name for k in table}, {k.name for k in table if k.required})
     if found is None:
@@ -60,6 +67,11 @@ def read_fields(ctx: HasReader, at: At, table: Sequence[Key[Any, Any]]) -> Field
             fields._given[key.name] = found[key.name]
             fields._values[key.name] = key.read(ctx, found[key.name], fields)
     return fields
+
+
+def or_default(value: T | None, default: T) -> T:
+    """A key's value, or the default of the field it fills when the key was not given."""
+    return default if value is None else value
 
 
 def scalar(
@@ -77,14 +89,18 @@ def schema_key() -> Key[HasReader, str]:
     return scalar(SCHEMA_KEY, lambda reader, at: reader.string(at, non_empty=True))
 
 
-def choice(name: str, allowed: tuple[str, ...]) -> Key[HasReader, str]:
+def choice(name: str, allowed: tuple[W, ...], *, required: bool = False) -> Key[HasReader, W]:
     """A key whose value is one word of a closed vocabulary."""
-    return scalar(name, lambda reader, at: one_of(reader, at, allowed))
+    return scalar(name, lambda reader, at: one_of(reader, at, allowed), required=required)
 
 
-def one_of(reader: Reader, at: At, allowed: tuple[str, ...]) -> str | None:
+def one_of(reader: Reader, at: At, allowed: tuple[W, ...]) -> W | None:
+    """One word of a closed vocabulary, as its own type (a `Literal`)."""
     value = reader.string(at)
-    if value is not None and value not in allowed:
-        reader.problem(at, f"expected one of {', '.join(allowed)}, got '{excerpt(value)}'")
+    if value is None:
         return None
-    return value
+    for word in allowed:
+        if word == value:
+            return word
+    reader.problem(at, f"expected one of {', '.join(allowed)}, got '{excerpt(value)}'")
+    return None

@@ -13,11 +13,12 @@ from typing import Literal
 
 import yaml
 
-from mm_batch.config.agent import AGENT_KEYS, PLACEHOLDER_RE, read_agent
+from mm_batch.config.agent import AGENT_KEYS, read_agent
 from mm_batch.config.model import AgentConfig, TasksFile
 from mm_batch.config.paths import display_path
 from mm_batch.config.problems import ConfigError, Problem
 from mm_batch.config.tasks import TASKS_ONLY_KEYS, read_tasks
+from mm_batch.config.tool_entries import PLACEHOLDER_RE
 from mm_batch.config.yamlnodes import At, Reader, one_edit_apart
 
 __all__ = [

@@ -7,16 +7,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from mm_batch.config.problems import Problem
+from mm_batch.jsontypes import JsonObject, JsonValue
 
 # "json" (any JSON value, no coercion) only comes from MCP tool schemas, never from a file.
 ParamType = Literal["string", "integer", "number", "boolean", "json"]
-Value = str | int | float | bool | list[Any] | dict[str, Any]
+Value = str | int | float | bool | list[JsonValue] | JsonObject
 SandboxKind = Literal["host", "docker"]
 NetworkMode = Literal["none", "bridge"]
 WorkspaceMode = Literal["copy", "mount", "readonly"]
+SANDBOX_KINDS: tuple[SandboxKind, ...] = ("host", "docker")
+NETWORK_MODES: tuple[NetworkMode, ...] = ("none", "bridge")
+WORKSPACE_MODES: tuple[WorkspaceMode, ...] = ("copy", "mount", "readonly")
 # The model response cache: read = use hits, store nothing new; write = never read, store;
 # readwrite = both (the default once a cache is given).
 CacheMode = Literal["read", "write", "readwrite"]
@@ -39,6 +43,8 @@ RESERVED_TOOL_NAMES = frozenset(
 KNOWN_BUILTINS = ("bash", "read_skill")
 DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"
 DEFAULT_IMAGE = "mm-batch/sandbox:base"
+WEEK_S = 7 * 24 * 3600.0  # no timeout is longer: beyond it threads cannot even wait that long
+MAX_PARALLEL = 1024  # model_options.max_parallel: calls of one model at once
 # Keys of model_options that mm-batch reads itself and never passes on to litellm.
 OWN_MODEL_OPTIONS = frozenset({"max_parallel", "recover_text_tool_calls", "timeout"})
 # Read by mm-batch's own local server client only: never passed on to a hosted provider.
@@ -136,7 +142,7 @@ class AgentConfig:
     sha256: str
     tools: tuple[ToolSpec, ...]
     model: str | None = None
-    model_options: Mapping[str, Any] = field(default_factory=dict)
+    model_options: Mapping[str, JsonValue] = field(default_factory=dict)
     system: str | None = None
     yolo: bool = False
     allow: tuple[AllowRule, ...] = ()

@@ -5,20 +5,19 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from mm_batch.config.fields import HasReader, Key, read_fields, scalar
 from mm_batch.config.model import Skill
 from mm_batch.config.paths import display_path, path_kind, unusable
-from mm_batch.config.problems import Problem
-from mm_batch.config.yamlnodes import At, Reader, excerpt
+from mm_batch.config.problems import Problem, excerpt
+from mm_batch.config.yamlnodes import At, Reader
 
 SKILL_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 NAME = scalar("name", lambda r, at: r.string(at, non_empty=True), required=True)
 DESCRIPTION = scalar("description", lambda r, at: r.string(at, non_empty=True), required=True)
 KEYWORDS = scalar("keywords", Reader.string_list)
-FRONT_MATTER: tuple[Key[HasReader, Any], ...] = (NAME, DESCRIPTION, KEYWORDS)
+FRONT_MATTER: tuple[Key[HasReader, object], ...] = (NAME, DESCRIPTION, KEYWORDS)
 
 
 class _SkillFile:

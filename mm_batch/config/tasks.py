@@ -6,14 +6,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
 import yaml
 
-from mm_batch.config.agent import names_a_tool, read_argv, typed_value, unknown_tool
-from mm_batch.config.fields import Fields, Key, one_of, read_fields, scalar, schema_key
+from mm_batch.config.allow_rules import names_a_tool, unknown_tool
+from mm_batch.config.entries import read_argv
+from mm_batch.config.fields import Fields, Key, one_of, or_default, read_fields, scalar, schema_key
 from mm_batch.config.model import (
     CACHE_MODES,
+    WEEK_S,
     AgentConfig,
     AnyOf,
     CacheMode,
@@ -27,10 +28,11 @@ from mm_batch.config.model import (
     Value,
 )
 from mm_batch.config.paths import path_kind, program_problem, sha256, unusable
-from mm_batch.config.yamlnodes import At, Reader, excerpt
+from mm_batch.config.problems import excerpt
+from mm_batch.config.tool_entries import typed_value
+from mm_batch.config.yamlnodes import At, Reader
 
 TASK_ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
-WEEK_S = 7 * 24 * 3600.0
 MAX_EXIT_CODE = 255
 
 
@@ -155,7 +157,7 @@ def _expected_args(ctx: _Expect, at: At, call: Fields) -> dict[str, ExpectedValu
 CALL_TOOL: Key[_Expect, str] = Key("tool", lambda ctx, at, _: ctx.tool_name(at), required=True)
 CALL_ARGS: Key[_Expect, dict[str, ExpectedValue]] = Key("args", _expected_args)
 CALL_TIMES = scalar("times", lambda r, at: r.integer(at, minimum=0))
-CALL: tuple[Key[_Expect, Any], ...] = (CALL_TOOL, CALL_ARGS, CALL_TIMES)
+CALL: tuple[Key[_Expect, object], ...] = (CALL_TOOL, CALL_ARGS, CALL_TIMES)
 
 
 def _calls(ctx: _Expect, at: At, _: Fields) -> tuple[CallExpectation, ...] | None:
@@ -219,7 +221,7 @@ REFUSED: Key[_Expect, tuple[str, ...]] = Key("refused", _tool_names)
 EXIT_CODE = scalar("exit_code", _exit_code)
 ANSWER_CONTAINS = scalar("answer_contains", _answer_contains)
 CHECK = scalar("check", read_argv)
-EXPECT: tuple[Key[_Expect, Any], ...] = (
+EXPECT: tuple[Key[_Expect, object], ...] = (
     CALLS,
     NO_CALLS,  # after calls: a tool both expected and forbidden is refused
     REFUSED,
@@ -267,7 +269,7 @@ TASK_AGENT: Key[_Task, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.tasks.
 TIMEOUT = scalar("timeout", lambda r, at: r.number(at, positive=True, maximum=WEEK_S))
 MAX_TURNS = scalar("max_turns", lambda r, at: r.integer(at, minimum=1, maximum=10_000))
 EXPECT_KEY: Key[_Task, Expect] = Key("expect", _expect)
-TASK: tuple[Key[_Task, Any], ...] = (
+TASK: tuple[Key[_Task, object], ...] = (
     TASK_ID,
     PROMPT,
     TASK_AGENT,
@@ -292,17 +294,14 @@ def _task(ctx: _Task, at: At) -> TaskSpec | None:
     task_id, prompt = fields[TASK_ID], fields[PROMPT]
     if len(ctx.reader.problems) > before or agent is None or task_id is None or prompt is None:
         return None
-    given: dict[str, Any] = {
-        "timeout": fields[TIMEOUT],
-        "max_turns": fields[MAX_TURNS],
-        "expect": fields[EXPECT_KEY],
-    }
     return TaskSpec(
         id=task_id,
         prompt=prompt,
         agent=agent,
         line=at.line,
-        **{k: v for k, v in given.items() if v is not None},
+        timeout=or_default(fields[TIMEOUT], TaskSpec.timeout),
+        max_turns=or_default(fields[MAX_TURNS], TaskSpec.max_turns),
+        expect=fields[EXPECT_KEY],
     )
 
 
@@ -380,7 +379,7 @@ def _cache_mode(ctx: _Tasks, at: At, top: Fields) -> CacheMode | None:
     if mode is not None and top.given(CACHE) is None:
         ctx.reader.problem(at, "cache_mode needs 'cache' beside it: the folder to cache in")
         return None
-    return cast("CacheMode | None", mode)
+    return mode
 
 
 DEFAULT_AGENT: Key[_Tasks, AgentConfig] = Key("agent", lambda ctx, at, _: ctx.agent_at(at))
@@ -393,7 +392,7 @@ MIN_PASS_RATE = scalar("min_pass_rate", _min_pass_rate)
 CACHE: Key[_Tasks, Path] = Key("cache", _cache)
 CACHE_MODE: Key[_Tasks, CacheMode] = Key("cache_mode", _cache_mode)  # after cache: it needs one
 TASKS: Key[_Tasks, tuple[TaskSpec, ...]] = Key("tasks", _tasks, required=True)
-TASKS_FILE: tuple[Key[_Tasks, Any], ...] = (
+TASKS_FILE: tuple[Key[_Tasks, object], ...] = (
     DEFAULT_AGENT,
     MODELS,
     REPEAT,
@@ -419,17 +418,15 @@ def read_tasks(
     fields = read_fields(_Tasks(reader, path.resolve().parent, load_agent), root, TASKS_FILE)
     if fields is None or reader.problems:
         return None
-    given: dict[str, Any] = {
-        "models": fields[MODELS],
-        "repeat": fields[REPEAT],
-        "jobs": fields[JOBS],
-        "min_pass_rate": fields[MIN_PASS_RATE],
-        "cache": fields[CACHE],
-        "cache_mode": fields[CACHE_MODE],
-    }
+    # A key not given leaves its field's default (a dataclass field's default is its class's).
     return TasksFile(
         path=path.resolve(),
         sha256=sha256(path),
         tasks=fields[TASKS] or (),
-        **{k: v for k, v in given.items() if v is not None},
+        models=fields[MODELS],
+        repeat=or_default(fields[REPEAT], TasksFile.repeat),
+        jobs=or_default(fields[JOBS], TasksFile.jobs),
+        min_pass_rate=or_default(fields[MIN_PASS_RATE], TasksFile.min_pass_rate),
+        cache=fields[CACHE],
+        cache_mode=fields[CACHE_MODE],
     )

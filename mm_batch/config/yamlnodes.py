@@ -4,10 +4,8 @@ PyYAML resolves plain scalars with YAML 1.1 rules, which is exactly what lets us
 surprises (`1.10` read as a number, `no` read as false): a getter that expects a string refuses
 a plain scalar that YAML 1.1 would have turned into something else, and tells how to quote it.
 
-Hostile files are refused before any node is built: one pass over PyYAML's event stream (which
-never expands an alias and never recurses) refuses aliases and anchors, nesting deeper than
-`MAX_DEPTH`, over-long integers, non-finite numbers, NULs and unencodable characters; files over
-`MAX_FILE_BYTES` are not even parsed. Whatever then reaches a getter is small and clean.
+Hostile files are refused before any node is built (see `hostile`); files over `MAX_FILE_BYTES`
+are not even parsed. Whatever then reaches a getter is small and clean.
 """
 
 from __future__ import annotations
@@ -17,71 +15,27 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
-from yaml.resolver import Resolver
 
+from mm_batch.config.hostile import (
+    BOOL_TAG,
+    FLOAT_TAG,
+    INT_TAG,
+    NULL_TAG,
+    STR_TAG,
+    digits_problem,
+    first_hostile,
+)
 from mm_batch.config.paths import read_regular
-from mm_batch.config.problems import Problem
+from mm_batch.config.problems import Problem, excerpt, join_key
+from mm_batch.jsontypes import JsonValue
 
-_STR = "tag:yaml.org,2002:str"
-_BOOL = "tag:yaml.org,2002:bool"
-_INT = "tag:yaml.org,2002:int"
-_FLOAT = "tag:yaml.org,2002:float"
-_NULL = "tag:yaml.org,2002:null"
 _INTEGER_RE = re.compile(r"[-+]?[0-9]+")
 _NUMBER_RE = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
-_DIGITS_RE = re.compile(r"[-+]?[0-9_]+")
-_NON_FINITE_RE = re.compile(r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _TRUE_FALSE = {"true": True, "false": False}
 
 MAX_FILE_BYTES = 1024 * 1024
-MAX_DEPTH = 64  # collections, the top-level mapping being 1
-MAX_INTEGER_DIGITS = 30
-MAX_QUOTED = 120  # characters of an offending value that a message quotes
-# Characters no path, argv entry or environment entry can carry; control characters are
-# shown escaped so that a message never writes them to the terminal.
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
-_UNPRINTABLE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
-
-
-def excerpt(text: str) -> str:
-    """A value as a message quotes it: at most MAX_QUOTED characters, control characters escaped."""
-    cut = text[:MAX_QUOTED]
-    shown = _UNPRINTABLE_RE.sub(lambda m: m.group().encode("unicode_escape").decode(), cut)
-    if len(text) > MAX_QUOTED:
-        shown += f"... ({len(text)} characters)"
-    return shown
-
-
-def string_problem(text: str, *, quote: bool = True) -> str | None:
-    """Why a string cannot become a path, an argv entry or an environment entry, if it cannot.
-
-    `quote=False` for a secret's value, which no message may show.
-    """
-    shown = f": '{excerpt(text)}'" if quote else ""
-    if "\x00" in text:
-        return (
-            "a NUL character is refused (no path, argv entry or environment entry can carry "
-            f"one){shown}"
-        )
-    surrogate = _SURROGATE_RE.search(text)
-    if surrogate is not None:
-        code = f"\\u{ord(surrogate.group()):04x}"
-        return f"a character that cannot be encoded ({code}, a lone surrogate) is refused{shown}"
-    return None
-
-
-def digits_problem(text: str) -> str | None:
-    """Refuse integers longer than MAX_INTEGER_DIGITS: Python cannot even read some of them."""
-    digits = sum(c.isalnum() for c in text.lstrip("+-").removeprefix("0x").removeprefix("0b"))
-    if digits > MAX_INTEGER_DIGITS:
-        return (
-            f"an integer of {digits} digits is refused (integers have at most "
-            f"{MAX_INTEGER_DIGITS} digits)"
-        )
-    return None
 
 
 @dataclass(frozen=True)
@@ -100,11 +54,6 @@ class At:
 
     def index(self, i: int) -> str:
         return f"{self.path}[{i}]"
-
-
-def join_key(path: str, name: str) -> str:
-    name = excerpt(name)
-    return f"{path}.{name}" if path else name
 
 
 def one_edit_apart(a: str, b: str) -> bool:
@@ -168,7 +117,7 @@ class Reader:
     def compose(self, text: str) -> At | None:
         """Parse YAML text into a node tree, once the event stream was found harmless."""
         try:
-            hostile = _first_hostile(text)
+            hostile = first_hostile(text)
             if hostile is not None:
                 line, path, message = hostile
                 self.problems.append(Problem(self.file, line, path, message))
@@ -198,7 +147,7 @@ class Reader:
         first_line: dict[str, int] = {}
         entries: list[tuple[str, At, At]] = []
         for key_node, value_node in at.node.value:
-            if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == _STR):
+            if not (isinstance(key_node, yaml.ScalarNode) and key_node.tag == STR_TAG):
                 self.problem(
                     At(key_node, at.path), f"keys must be strings, got {_describe(key_node)}"
                 )
@@ -264,7 +213,7 @@ class Reader:
         if not isinstance(node, yaml.ScalarNode):
             self.problem(at, f"expected a string, got {_describe(node)}")
             return None
-        if node.tag != _STR:
+        if node.tag != STR_TAG:
             self.problem(at, _not_a_string(node))
             return None
         value = str(node.value)
@@ -330,7 +279,7 @@ class Reader:
             value = _TRUE_FALSE.get(str(node.value).lower())
             if value is not None:
                 return value
-            if node.tag == _BOOL:
+            if node.tag == BOOL_TAG:
                 self.problem(
                     at,
                     f"'{node.value}' is a YAML 1.1 boolean that other readers take as a string: "
@@ -352,7 +301,7 @@ class Reader:
             return None
         return [v for v in values if v is not None]
 
-    def plain_data(self, at: At) -> Any:
+    def plain_data(self, at: At) -> JsonValue:
         """Free-form data (model options) read as YAML 1.2 would, refusing 1.1-only booleans."""
         node = at.node
         if isinstance(node, yaml.MappingNode):
@@ -361,127 +310,20 @@ class Reader:
         if isinstance(node, yaml.SequenceNode):
             return [self.plain_data(At(n, at.index(i))) for i, n in enumerate(node.value)]
         assert isinstance(node, yaml.ScalarNode)
-        if node.tag == _STR:
+        if node.tag == STR_TAG:
             return str(node.value)
-        readers: dict[str, Callable[[At], Any]] = {
-            _BOOL: self.boolean,
-            _INT: self.integer,
-            _FLOAT: self.number,
+        readers: dict[str, Callable[[At], JsonValue]] = {
+            BOOL_TAG: self.boolean,
+            INT_TAG: self.integer,
+            FLOAT_TAG: self.number,
         }
-        if node.tag == _NULL:
+        if node.tag == NULL_TAG:
             return None
         reader = readers.get(node.tag)
         if reader is None:
             self.problem(at, _not_a_string(node))
             return None
         return reader(at)
-
-
-# -- the event pass ---------------------------------------------------------------------------
-
-
-@dataclass
-class _Frame:
-    """An open collection in the event stream, and where its next node goes."""
-
-    path: str
-    is_mapping: bool
-    index: int = 0  # the next item of a sequence
-    key: str | None = None  # the key whose value comes next; None while a key is expected
-
-
-def _first_hostile(text: str) -> tuple[int, str, str] | None:
-    """(line, key path, message) of the first hostile construct, found without composing."""
-    resolver = Resolver()
-    frames: list[_Frame] = []
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.CollectionEndEvent):
-            frames.pop()
-            _advance(frames, None)
-            continue
-        if not isinstance(event, yaml.NodeEvent):
-            continue
-        line = int(event.start_mark.line) + 1 if event.start_mark is not None else 1
-        path, is_key = _where(frames)
-        if isinstance(event, yaml.AliasEvent):
-            return (
-                line,
-                path,
-                f"YAML aliases are refused (*{excerpt(str(event.anchor))}): "
-                + ("no mm-batch file needs them; write the value out"),
-            )
-        if event.anchor is not None:
-            return (
-                line,
-                path,
-                f"YAML anchors are refused (&{excerpt(str(event.anchor))}): "
-                + ("no mm-batch file needs them; write the value out"),
-            )
-        if isinstance(event, yaml.CollectionStartEvent):
-            if len(frames) + 1 > MAX_DEPTH:
-                return line, path, f"nested deeper than {MAX_DEPTH} levels of mappings and lists"
-            frames.append(_Frame(path, isinstance(event, yaml.MappingStartEvent)))
-            continue
-        assert isinstance(event, yaml.ScalarEvent)
-        value = str(event.value)
-        key_path = join_key(path, value) if is_key else path
-        problem = string_problem(value) or _scalar_problem(resolver, event)
-        if problem is not None:
-            return line, key_path, problem
-        _advance(frames, value)
-    return None
-
-
-def _where(frames: list[_Frame]) -> tuple[str, bool]:
-    """The key path of the next node, and whether that node is a mapping key."""
-    if not frames:
-        return "", False
-    top = frames[-1]
-    if not top.is_mapping:
-        return f"{top.path}[{top.index}]", False
-    if top.key is None:
-        return top.path, True
-    return join_key(top.path, top.key), False
-
-
-def _advance(frames: list[_Frame], scalar: str | None) -> None:
-    """A node ended: move its parent to the next slot."""
-    if not frames:
-        return
-    top = frames[-1]
-    if not top.is_mapping:
-        top.index += 1
-    elif top.key is None:
-        top.key = scalar if scalar is not None else "?"
-    else:
-        top.key = None
-
-
-def _scalar_problem(resolver: Resolver, event: yaml.ScalarEvent) -> str | None:
-    """Numbers mm-batch refuses to read: integers over MAX_INTEGER_DIGITS and non-finite ones."""
-    value = str(event.value)
-    plain = event.style is None
-    tag = event.tag if event.tag not in (None, "!") else None
-    if tag is None:
-        tag = _resolve(resolver, value, event.implicit) if plain else _STR
-    if tag == _INT or (plain and _DIGITS_RE.fullmatch(value)):
-        return digits_problem(value.replace("_", ""))
-    if tag == _FLOAT:
-        if _NON_FINITE_RE.fullmatch(value):
-            return f"a non-finite number is refused: '{excerpt(value)}'"
-        try:
-            number = float(value.replace("_", ""))
-        except ValueError:
-            return None  # a sexagesimal or otherwise odd float: the getters refuse it
-        if not math.isfinite(number):
-            return f"a non-finite number is refused: '{excerpt(value)}'"
-    return None
-
-
-def _resolve(resolver: Resolver, value: str, implicit: Any) -> str:
-    """The tag PyYAML gives a plain scalar (its stubs leave `resolve` untyped)."""
-    resolve: Callable[[type, str, Any], str] = resolver.resolve
-    return resolve(yaml.ScalarNode, value, implicit)
 
 
 def _describe(node: yaml.Node) -> str:
@@ -494,7 +336,7 @@ def _describe(node: yaml.Node) -> str:
 
 def _show(node: yaml.Node) -> str:
     if isinstance(node, yaml.ScalarNode):
-        if node.tag == _NULL and node.value in ("", "~"):
+        if node.tag == NULL_TAG and node.value in ("", "~"):
             return "an empty value"
         return f"'{excerpt(str(node.value))}'"
     return _describe(node)
@@ -503,11 +345,11 @@ def _show(node: yaml.Node) -> str:
 def _not_a_string(node: yaml.ScalarNode) -> str:
     """Explain a YAML 1.1 surprise: a plain scalar that is not read as the string it looks like."""
     text = excerpt(str(node.value))
-    if node.tag == _NULL:
+    if node.tag == NULL_TAG:
         return "expected a string, got an empty value"
-    if node.tag == _BOOL:
+    if node.tag == BOOL_TAG:
         return f"'{text}' is read as a boolean in YAML 1.1; quote it to mean the string: \"{text}\""
-    if node.tag in (_INT, _FLOAT) and node.style is None:
+    if node.tag in (INT_TAG, FLOAT_TAG) and node.style is None:
         read_as = yaml.safe_load(str(node.value))
         return (
             f"'{text}' is read as the number {read_as!r}; quote it to keep it as written: "
