@@ -13,7 +13,7 @@ from typing import Any
 
 from mm_batch.config.model import AnyOf, CallExpectation, Expect, ExpectedValue
 from mm_batch.run.records import Check, Status, ToolRecord
-from mm_batch.tools.declared import same_value
+from mm_batch.tools.coercion import same_value
 
 # The only finishes of a model turn that end it normally (SPEC 6), as the model client reports
 # them (litellm's names; a provider's own word where litellm would have said "stop").

@@ -25,7 +25,7 @@ from mm_batch.run.ports import (
 )
 from mm_batch.run.records import CallAsked, ModelRecord, Record, ToolRecord
 from mm_batch.run.toolbox import Toolbox, skills_catalogue
-from mm_batch.tools.declared import parse_arguments
+from mm_batch.tools.coercion import Parsed, parse_arguments
 from mm_batch.tools.text_calls import recover_tool_calls
 
 INTERRUPTED = "interrupted before the run finished"
@@ -47,11 +47,11 @@ class LoopEnd:
 
 def canonical_arguments(raw: str | None) -> str:
     """The loop detector's key: canonical JSON of the raw arguments, or the raw text itself."""
-    data, _ = parse_arguments(raw)
-    if data is None:
+    parsed = parse_arguments(raw)
+    if not isinstance(parsed, Parsed):
         return raw or ""
     # parse_arguments bounds digits and depth, so every value it returns can be printed.
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return json.dumps(parsed.data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,8 @@ class _Done:
 
 def _history_arguments(raw: str | None) -> str:
     """Arguments as kept in the history: as sent when valid JSON; servers reject invalid JSON."""
-    data, _ = parse_arguments(raw)
-    return raw if data is not None and raw and raw.strip() else "{}"
+    valid = isinstance(parse_arguments(raw), Parsed)
+    return raw if valid and raw and raw.strip() else "{}"
 
 
 class AgentLoop:

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
 from mm_batch.config.secrets import Masker
 from mm_batch.run.ports import McpTool
-from mm_batch.tools.declared import InvalidCall, ValidCall, model_schema, validate_call
+from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
+from mm_batch.tools.schema import model_schema
 
 CallKind = Literal["command", "skill", "mcp"]
 _SCHEMA_TYPES: dict[str, ParamType] = {
@@ -43,18 +44,6 @@ class PreparedCall:
     @property
     def rendered_arguments(self) -> dict[str, str]:
         return {k: render_value(v) for k, v in self.arguments.items()}
-
-
-def _masked_descriptions(schema: dict[str, Any], masker: Masker) -> dict[str, Any]:
-    function = dict(schema["function"])
-    function["description"] = masker.text(function["description"])
-    parameters = dict(function["parameters"])
-    parameters["properties"] = {
-        name: {**prop, "description": masker.text(prop["description"])}
-        for name, prop in parameters["properties"].items()
-    }
-    function["parameters"] = parameters
-    return {**schema, "function": function}
 
 
 def bash_tool(directory: Path) -> ToolSpec:
@@ -218,7 +207,7 @@ class Toolbox:
         """What the model is sent: each tool's schema, its descriptions masked (a secret can
         stand in one, where a parameter's example is written); names and types are structure,
         never touched."""
-        return [_masked_descriptions(model_schema(s), masker) for s, _, _ in self._tools.values()]
+        return [model_schema(s, masker) for s, _, _ in self._tools.values()]
 
     def prepare(
         self, name: str, raw_arguments: str | None, said: str | None = None, *, masker: Masker

@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
-from mm_batch.config.model import ToolSpec, Value
+from mm_batch.config.model import ToolSpec
+from mm_batch.jsontypes import JsonValue
 
 Level = Literal["names", "types", "required", "enum"]
 LEVELS: tuple[Level, ...] = get_args(Level)
@@ -45,7 +46,7 @@ class ParamShape:
     name: str
     type: str | None
     required: bool = False
-    enum: tuple[Value, ...] | None = None
+    enum: tuple[JsonValue, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ def _schema_type(schema: object) -> str | None:
 
 
 def tool_shapes(
-    schemas: Iterable[Mapping[str, Any]], declared: Iterable[ToolSpec]
+    schemas: Iterable[Mapping[str, JsonValue]], declared: Iterable[ToolSpec]
 ) -> list[ToolShape]:
     """The shapes of the tools sent (`schemas`, as the model reads them): names and types from
     the schemas, required-ness and allowed values from the declared tools (`declared`), which
@@ -282,9 +283,9 @@ def tool_shapes(
     shapes: list[ToolShape] = []
     for schema in schemas:
         function = schema.get("function")
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str):
             continue
-        name = function["name"]
         parameters = function.get("parameters")
         properties = parameters.get("properties") if isinstance(parameters, dict) else None
         required = parameters.get("required") if isinstance(parameters, dict) else None
@@ -293,6 +294,7 @@ def tool_shapes(
         params: list[ParamShape] = []
         for pname, pschema in (properties or {}).items() if isinstance(properties, dict) else ():
             declared_param = by_name.get(pname)
+            enum: tuple[JsonValue, ...] | None
             if declared_param is not None:
                 enum = declared_param.enum
                 is_required = declared_param.required

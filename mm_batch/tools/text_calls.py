@@ -16,7 +16,8 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+
+from mm_batch.jsontypes import JsonValue
 
 # Where a JSON object or array may begin: `{` before a key or `}`, `[` before a value. Code and
 # prose braces (`{ return x; }`, `{{name}}`) are passed over without an attempt.
@@ -41,7 +42,23 @@ class TextCall:
     raw_arguments: str
 
 
-def _as_call(data: Any, known: Collection[str]) -> TextCall | None:
+@dataclass(frozen=True)
+class _Decoded:
+    """The JSON value at an index of the text, where it ends, and what decoding it cost."""
+
+    value: JsonValue
+    end: int
+    cost: int
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """No JSON value begins at the index: what finding that out cost."""
+
+    cost: int
+
+
+def _as_call(data: JsonValue, known: Collection[str]) -> TextCall | None:
     if not isinstance(data, dict) or set(data) not in _CALL_KEYS:
         return None
     name = data["name"]
@@ -62,8 +79,8 @@ def _as_call(data: Any, known: Collection[str]) -> TextCall | None:
         return None
 
 
-def _decode(text: str, index: int) -> tuple[Any, int, int] | int:
-    """(value, where it ends, cost) of the JSON value at `index`, or the cost of failing."""
+def _decode(text: str, index: int) -> _Decoded | _Undecodable:
+    """The JSON value at `index`, or the cost of failing to find one."""
     window = FIRST_WINDOW
     cost = 0
     while True:
@@ -76,14 +93,14 @@ def _decode(text: str, index: int) -> tuple[Any, int, int] | int:
             # The window may have ended inside the value: in a string, a number, a literal.
             inside = exc.pos >= len(piece) - 16 or exc.msg.startswith("Unterminated string")
             if not (cut and inside) or window >= CALL_LIMIT:
-                return cost
+                return _Undecodable(cost)
             window = min(window * 8, CALL_LIMIT)
             continue
         except RecursionError:  # nesting past the stack: hostile, and costly to find out again
-            return max(cost, CALL_LIMIT)
+            return _Undecodable(max(cost, CALL_LIMIT))
         except ValueError:  # an integer of over 4300 digits
-            return cost
-        return data, index + end, cost
+            return _Undecodable(cost)
+        return _Decoded(data, index + end, cost)
 
 
 def _span_end(text: str, index: int) -> int:
@@ -120,15 +137,13 @@ def recover_tool_calls(text: str, known: Collection[str]) -> list[TextCall]:
     while match is not None and budget > 0:
         index = match.start()
         decoded = _decode(text, index)
-        if isinstance(decoded, int):
-            budget -= max(MIN_COST, decoded)
+        budget -= max(MIN_COST, decoded.cost)
+        if isinstance(decoded, _Undecodable):
             match = _OPENER.search(text, _span_end(text, index))
             continue
-        data, end, cost = decoded
-        budget -= max(MIN_COST, cost)
-        call = _as_call(data, known)
+        call = _as_call(decoded.value, known)
         if call is not None:
             calls.append(call)
         # A decoded value is skipped whole: an object nested in other JSON is data, not a call.
-        match = _OPENER.search(text, end)
+        match = _OPENER.search(text, decoded.end)
     return calls

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from mm_batch.config.model import ParamSpec, ParamType, ToolSpec
 from mm_batch.run.calls import call_key
 from mm_batch.run.loop import REPEAT_REASON
-from mm_batch.tools.declared import ValidCall, same_value, validate_call
+from mm_batch.tools.coercion import same_value
+from mm_batch.tools.declared import ValidCall, validate_call
 from tests.helpers import write
 from tests.run.scripted import answer, calls, run_tasks
 

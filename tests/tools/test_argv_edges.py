@@ -13,13 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ParamType, ToolSpec, render_value
-from mm_batch.tools.declared import (
-    MAX_EXACT_INTEGER,
-    InvalidCall,
-    ValidCall,
-    same_value,
-    validate_call,
-)
+from mm_batch.tools.coercion import MAX_EXACT_INTEGER, same_value
+from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
 
 THUMB = ToolSpec(
     "thumb",

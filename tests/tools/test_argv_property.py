@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec
 from mm_batch.effects.host import HostExecutor
-from mm_batch.tools.declared import MAX_VALUE_BYTES, ValidCall, validate_call
+from mm_batch.tools.coercion import MAX_VALUE_BYTES
+from mm_batch.tools.declared import ValidCall, validate_call
 
 # Anything a JSON string can carry into argv: no NUL (argv cannot hold one), no lone surrogate.
 VALUES = st.text(

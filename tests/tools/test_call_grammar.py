@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec, Value
 from mm_batch.effects.gguf import server_binary
+from mm_batch.jsontypes import JsonObject
 from mm_batch.tools.call_grammar import (
     FENCE_CLOSE,
     FENCE_OPEN,
@@ -35,7 +36,7 @@ from mm_batch.tools.call_grammar import (
     call_grammar,
     tool_shapes,
 )
-from mm_batch.tools.declared import model_schema
+from mm_batch.tools.schema import model_schema
 from mm_batch.tools.text_calls import recover_tool_calls
 
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -184,7 +185,7 @@ def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schem
         command=("./release.sh", "{{version}}"),
         workdir=Path("."),
     )
-    schema = model_schema(spec)
+    schema: dict[str, Any] = model_schema(spec)  # JSON, read loosely
     assert "required" not in schema["function"]["parameters"]  # SPEC 2: never sent
     assert tool_shapes([schema], [spec]) == [
         ToolShape(
@@ -197,7 +198,7 @@ def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schem
         )
     ]
     # A tool mm-batch did not declare (MCP, a built-in): what its own schema says.
-    other = {
+    other: JsonObject = {
         "type": "function",
         "function": {
             "name": "lookup",

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mm_batch.config.model import ParamSpec, ToolSpec
-from mm_batch.tools.declared import (
-    CLOSING_SENTENCE,
-    InvalidCall,
-    ValidCall,
-    model_schema,
-    render_argv,
-    validate_call,
-)
+from mm_batch.tools.argv import render_argv
+from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
+from mm_batch.tools.schema import CLOSING_SENTENCE, model_schema
 
 RELEASE = ToolSpec(
     name="release",
@@ -52,7 +48,7 @@ def invalid(raw: str | None, tool: ToolSpec = RELEASE) -> InvalidCall:
 
 
 def test_schema_carries_types_and_descriptions_only() -> None:
-    schema = model_schema(RELEASE)
+    schema: dict[str, Any] = model_schema(RELEASE)  # JSON, read loosely
     function = schema["function"]
     assert function["name"] == "release"
     params = function["parameters"]
@@ -64,7 +60,9 @@ def test_schema_carries_types_and_descriptions_only() -> None:
 
 
 def test_description_lists_parameters_then_closing_sentence() -> None:
-    lines = model_schema(RELEASE)["function"]["description"].splitlines()
+    function = model_schema(RELEASE)["function"]
+    assert isinstance(function, dict) and isinstance(function["description"], str)
+    lines = function["description"].splitlines()
     assert lines[0] == "Release a version of the product to a channel."
     assert lines[1] == "- version (string, required): The version to release, e.g. 1.4.2."
     assert lines[2] == "- channel (string, required, one of: beta, stable)"

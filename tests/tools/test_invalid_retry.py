@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from mm_batch.config.model import ParamSpec, ToolSpec
-from mm_batch.tools.declared import CLOSING_SENTENCE, InvalidCall, validate_call
+from mm_batch.tools.declared import InvalidCall, validate_call
+from mm_batch.tools.schema import CLOSING_SENTENCE
 
 INCIDENT = ToolSpec(
     name="incident",

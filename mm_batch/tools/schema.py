@@ -1,0 +1,60 @@
+"""What the model is sent of a declared tool: its schema, and the description that carries
+required-ness, allowed values and defaults in text (SPEC §2: never as `required` or `enum`)."""
+
+from __future__ import annotations
+
+from mm_batch.config.model import ParamSpec, ToolSpec, render_value
+from mm_batch.config.secrets import NO_SECRETS, Masker
+from mm_batch.jsontypes import JsonObject
+
+CLOSING_SENTENCE = "Give each parameter as its own field."
+
+
+def _param_facts(param: ParamSpec) -> list[str]:
+    facts = [param.type, "required" if param.required else "optional"]
+    if param.enum is not None:
+        facts.append("one of: " + ", ".join(render_value(v) for v in param.enum))
+    if param.default is not None:
+        facts.append(f"default {render_value(param.default)}")
+    return facts
+
+
+def parameter_line(param: ParamSpec) -> str:
+    """One line per parameter, for the tool description and for invalid-call answers."""
+    text = f"- {param.name} ({', '.join(_param_facts(param))})"
+    return f"{text}: {param.description}" if param.description else text
+
+
+def _property_description(param: ParamSpec) -> str:
+    parts = [param.description.rstrip()] if param.description else []
+    parts.append("Required." if param.required else "Optional.")
+    if param.enum is not None:
+        parts.append("One of: " + ", ".join(render_value(v) for v in param.enum) + ".")
+    if param.default is not None:
+        parts.append(f"Default: {render_value(param.default)}.")
+    return " ".join(parts)
+
+
+def tool_description(tool: ToolSpec) -> str:
+    lines = [tool.description.rstrip()] if tool.description else []
+    lines.extend(parameter_line(p) for p in tool.params)
+    lines.append(CLOSING_SENTENCE)
+    return "\n".join(lines)
+
+
+def model_schema(tool: ToolSpec, masker: Masker = NO_SECRETS) -> JsonObject:
+    """The OpenAI tool entry: types and descriptions only, never `required` or `enum` keywords.
+    The descriptions are masked by `masker` (a secret can stand in one, where a parameter's
+    example is written); names and types are structure, never touched."""
+    properties: JsonObject = {
+        p.name: {"type": p.type, "description": masker.text(_property_description(p))}
+        for p in tool.params
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": masker.text(tool_description(tool)),
+            "parameters": {"type": "object", "properties": properties},
+        },
+    }
