@@ -16,10 +16,12 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, NewType
+from typing import NewType, TypeVar, cast
 from urllib.parse import quote, quote_plus
 
 from mm_batch.config.model import AgentConfig
+
+T = TypeVar("T")
 
 MIN_SECRET_LENGTH = 6
 MASK = "***"
@@ -119,24 +121,31 @@ class Masker:
         pieces.append(masked[position:])
         return self.text("".join(pieces))
 
-    def data(self, value: Any) -> Any:
-        """Mask the strings inside JSON-like data (its values: keys are structure)."""
+    def data(self, value: T) -> T:
+        """Mask the strings inside JSON-like data (its values: keys are structure). The copy has
+        the value's shape: a string becomes a `Masked` string, a dict a dict, a list a list and
+        a tuple a tuple; anything else is kept as it is."""
         if not self._secrets:
             return value
+        return cast(T, self._masked_data(value))
+
+    def _masked_data(self, value: object) -> object:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {k: self.data(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self.data(v) for v in value]
+            return {k: self._masked_data(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._masked_data(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self._masked_data(v) for v in value)
         return value
 
-    def json_text(self, value: Any) -> Masked:
+    def json_text(self, value: object) -> Masked:
         """JSON-like data as JSON text to quote in a reason or an answer: every string in it,
         keys too, masked before JSON escapes it (an escaped secret would no longer match)."""
         return self.text(json.dumps(self._all_strings(value), ensure_ascii=False))
 
-    def _all_strings(self, value: Any) -> Any:
+    def _all_strings(self, value: object) -> object:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
@@ -272,7 +281,7 @@ def _underlap(text: str, secret: str, least: int) -> int:
     return 0
 
 
-def option_secrets(options: Mapping[str, Any]) -> list[str]:
+def option_secrets(options: Mapping[str, object]) -> list[str]:
     """The values of model options whose key names a key, token, secret or password (`api_key`),
     or an authorization header, at any depth (`extra_headers: {x-api-key: ...}`): secrets
     wherever the options come from (SPEC 7). A number is one too (`--model-option
@@ -280,7 +289,7 @@ def option_secrets(options: Mapping[str, Any]) -> list[str]:
     (`max_tokens`): a limit, not a credential. A header's scheme (`Bearer sk-...`) is kept apart,
     so that the credential alone is masked wherever it shows."""
     found: list[str] = []
-    stack: list[tuple[Any, str | None]] = [(options, None)]
+    stack: list[tuple[object, str | None]] = [(options, None)]
     while stack:
         value, named = stack.pop()
         if isinstance(value, str):
@@ -307,7 +316,7 @@ def _option_secret_name(key: str) -> str | None:
 
 
 def masker_of(
-    agents: Iterable[AgentConfig], model_options: Iterable[Mapping[str, Any]] = ()
+    agents: Iterable[AgentConfig], model_options: Iterable[Mapping[str, object]] = ()
 ) -> Masker:
     """What a run masks: mm-batch's secret-named env vars, every agent's `${VAR}` values, and
     the secret-named model options of every agent and of `model_options` (the command line's)."""
