@@ -191,7 +191,7 @@ def turn_usd() -> float:
     return float(10 * price["input_cost_per_token"] + 5 * price["output_cost_per_token"])
 
 
-def asked(fake: FakeOpenAI) -> list[str]:
+def prompts_asked(fake: FakeOpenAI) -> list[str]:
     """The prompts of the conversations the server saw, in order."""
     return [first_user_message(r) for r in fake.requests if turn(r) == 0]
 

@@ -23,8 +23,16 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, Fake, check_report, model_args, read_calls
-from tests.test_end_to_end import GOOD, RELEASE_EN, STATUS_EN
+from tests.helpers import (
+    GOOD,
+    RELEASE_EN,
+    STATUS_EN,
+    Cli,
+    Fake,
+    check_report,
+    model_args,
+    read_calls,
+)
 
 AGENT = AgentConfig(path=Path("/nowhere/agent.yaml"), sha256="", tools=())
 

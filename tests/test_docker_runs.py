@@ -23,8 +23,7 @@ from tests.docker_support import (
     require_image,
     when_running,
 )
-from tests.helpers import Cli, Fake, check_report, model_args, read_calls, write
-from tests.test_end_to_end import GOOD, received
+from tests.helpers import GOOD, Cli, Fake, check_report, model_args, read_calls, received, write
 
 DOCKER = ("--sandbox", "docker", "--image", TEST_IMAGE)
 

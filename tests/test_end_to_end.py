@@ -9,33 +9,23 @@ from typing import Any
 import pytest
 
 from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, by_prompt, text, tool_call
-from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
-
-RELEASE_EN = "Release version 1.4.2 to the beta channel."
-RELEASE_FR = "Publie la version 1.4.2 sur le canal beta."
-PKGTEST_EN = "Run the tests of the greet package."
-PKGTEST_FR = "Lance les tests du paquet greet."
-STATUS_EN = "What is the status of the billing service?"
-STATUS_FR = "Quel est l'état du service billing ?"
-
-GOOD = {
-    RELEASE_EN: [tool_call("release", {"version": "1.4.2", "channel": "beta"}), text("Done.")],
-    RELEASE_FR: [tool_call("release", {"version": "1.4.2", "channel": "beta"}), text("Fait.")],
-    PKGTEST_EN: [tool_call("pkgtest", {"package": "greet"}), text("Passed.")],
-    PKGTEST_FR: [tool_call("pkgtest", {"package": "greet"}), text("Réussi.")],
-    STATUS_EN: [tool_call("status", {"service": "billing"}), text("Running.")],
-    STATUS_FR: [tool_call("status", {"service": "billing"}), text("En marche.")],
-}
+from tests.helpers import (
+    GOOD,
+    RELEASE_EN,
+    STATUS_EN,
+    Cli,
+    CliResult,
+    Fake,
+    model_args,
+    read_calls,
+    received,
+    write,
+)
 
 
 def run_release(cli: Cli, example: Path, fake: FakeOpenAI, out: Path, *extra: str) -> CliResult:
     """mm-batch run of the release example on the fake model."""
     return cli("run", example / "tasks.yaml", *model_args(fake), "--out", out, *extra)
-
-
-def received(example: Path) -> list[str]:
-    log = example / "calls-received.log"
-    return log.read_text().splitlines() if log.exists() else []
 
 
 def tool_records(out: Path, run_prefix: str = "") -> list[dict[str, Any]]:

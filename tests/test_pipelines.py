@@ -29,8 +29,7 @@ from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects import gguf
 from mm_batch.testing.fake_openai import by_prompt, text
 from tests.docker_support import REQUIRED as DOCKER_REQUIRED
-from tests.helpers import ROOT, Fake
-from tests.test_end_to_end import GOOD, STATUS_EN
+from tests.helpers import GOOD, ROOT, STATUS_EN, Fake
 
 PIPELINES = ROOT / "pipelines"
 ACTION = ROOT / "action.yml"

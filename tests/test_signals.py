@@ -21,8 +21,7 @@ from junitparser import Error, JUnitXml
 
 from mm_batch.effects.signals import cancel_on_signals
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
-from tests.adversarial.test_watchdog_attacks import live_members
-from tests.helpers import Fake, check_report, run_until_marker, write
+from tests.helpers import Fake, check_report, live_members, run_until_marker, write
 
 
 def _start(fake_model: Fake, tmp_path: Path) -> subprocess.Popen[bytes]:

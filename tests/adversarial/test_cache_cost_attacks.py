@@ -31,9 +31,8 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, write
+from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, turn_usd, write
 from tests.helpers import priced_model_args as _model
-from tests.run.test_cost import turn_usd
 
 PROMPT = "Probe the service."
 PRICED = "openai/gpt-4o-mini"  # litellm prices it

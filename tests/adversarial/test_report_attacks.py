@@ -38,10 +38,19 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.consumers.test_reading_rules import mikepenz_position
-from tests.helpers import Cli, CliResult, Fake, check_json, check_report, model_args, write
-from tests.report.test_junit import FLAKY_TASKS
-from tests.report.test_terminal import _pty_run, _slow_suite
+from tests.consumers.readers import mikepenz_position
+from tests.helpers import (
+    FLAKY_TASKS,
+    Cli,
+    CliResult,
+    Fake,
+    check_json,
+    check_report,
+    model_args,
+    write,
+)
+from tests.report.github_markdown import cells, render, seen
+from tests.report.pty_session import pty_run, slow_suite
 
 SECRET = "rt-secret-Z9q8w7e6r5t4"  # 22 characters, none of them in any other text here
 
@@ -351,9 +360,9 @@ tasks:
 def test_on_a_terminal_a_reason_cannot_rewrite_the_screen(fake_model: Fake, tmp_path: Path) -> None:
     """The only escape sequence on a terminal is the live line's own `\\r ESC[2K`."""
     paint = r"printf '\033[1A\033[2K\rPASSED everything\033]0;pwned\007\033[2J\233J'; exit 1"
-    tasks = _slow_suite(tmp_path, "sleep 0.2", check=paint)
+    tasks = slow_suite(tmp_path, "sleep 0.2", check=paint)
     fake = fake_model(by_prompt({"slow": [tool_call("slow", {}), text("\x1b[2J\rall good")]}))
-    code, chunks = _pty_run(tasks, fake, tmp_path / "out", "xterm-256color")
+    code, chunks = pty_run(tasks, fake, tmp_path / "out", "xterm-256color")
     assert code == 1
     output = b"".join(c for _, c in chunks).decode(errors="replace")
     rest = output.replace("\r\x1b[2K", "").replace("\r\n", "\n")
@@ -778,7 +787,6 @@ HOSTILE_REASON = (
 def test_a_shards_hostile_reason_renders_as_text_in_the_merged_summary(
     cli: Cli, shards: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    from tests.report.test_summary_md import cells, render, seen
 
     _edit_summary(shards[0], lambda d: d["runs"][0].update(reason=HOSTILE_REASON))
     result = cli("merge", *shards, "--out", tmp_path / "merged")

@@ -24,8 +24,19 @@ import pytest
 
 from mm_batch.plan import classname
 from mm_batch.testing.fake_openai import FakeOpenAI, RawReply, text, tool_call, turn
-from tests.commands.test_rerun import AGENT, TASKS, _asked, _cases, _project, _records, _script
-from tests.helpers import Cli, CliResult, Fake, check_report, model_args, run_until_marker
+from tests.commands.reruns import TASKS, refusing_script, write_project
+from tests.helpers import (
+    OK_AGENT,
+    Cli,
+    CliResult,
+    Fake,
+    case_verdicts,
+    check_report,
+    model_args,
+    prompts_asked,
+    read_calls,
+    run_until_marker,
+)
 
 MODEL = "hosted_vllm/fake"
 ALPHA, BETA, GAMMA = (f"{t}[{MODEL}]#1" for t in ("alpha", "beta", "gamma"))
@@ -33,9 +44,11 @@ ALPHA, BETA, GAMMA = (f"{t}[{MODEL}]#1" for t in ("alpha", "beta", "gamma"))
 
 def _failed_beta(cli: Cli, fake_model: Fake, tmp_path: Path, tasks: str = TASKS) -> Path:
     """A real results folder in tmp_path/base where alpha and gamma passed and beta failed."""
-    project = _project(tmp_path, tasks)
+    project = write_project(tmp_path, tasks)
     base = tmp_path / "base"
-    first = cli("run", project, *model_args(fake_model(_script({"Do beta."}))), "--out", base)
+    first = cli(
+        "run", project, *model_args(fake_model(refusing_script({"Do beta."}))), "--out", base
+    )
     assert first.code == 1, first.err
     return base
 
@@ -71,7 +84,7 @@ def _assert_refused(cli: Cli, fake_model: Fake, base: Path, name: str) -> None:
     """A rerun into DIR itself is a usage error naming `name` (a file of DIR), asks no model,
     and leaves every byte of DIR as it was."""
     before = _snapshot(base)
-    fake = fake_model(_script(set()))
+    fake = fake_model(refusing_script(set()))
     result = _rerun(cli, fake, base)
     assert result.code == 2, (result.code, result.err[-3000:])
     assert name in result.err and "nothing ran" in result.err, result.err[-3000:]
@@ -110,7 +123,7 @@ def test_a_summary_without_a_part_older_versions_lacked_reads_as_no_facts_and_di
     else:
         del data[key]
     _put_summary(base, data)
-    fake = fake_model(_script(set()))
+    fake = fake_model(refusing_script(set()))
     result = _rerun(cli, fake, base)
     assert result.code == 0, result.err[-3000:]
     assert len(fake.requests) == 2  # beta's two turns, nothing else
@@ -189,7 +202,7 @@ def test_an_external_entity_in_junit_reads_no_file(
     junit = junit.replace("?>", "?>" + doctype, 1).replace("</system-out>", "&x;</system-out>", 1)
     (base / "junit.xml").write_text(junit)
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert "Traceback" not in result.err
     assert result.code in (0, 2), result.err[-2000:]
     written = "".join(p.read_text() for p in out.iterdir()) if out.exists() else ""
@@ -269,12 +282,12 @@ def test_the_swapped_ids_never_end_in_a_green_rerun_with_beta_unseen(
     _swap_run_ids(data)
     _put_summary(base, data)
     out = tmp_path / "out"
-    fake = fake_model(_script({"Do beta."}))  # beta would fail again
+    fake = fake_model(refusing_script({"Do beta."}))  # beta would fail again
     result = _rerun(cli, fake, base, out)
     if result.code == 2:
         return
     assert result.code == 1, result.err[-2000:]
-    assert "beta" in _cases(out)
+    assert "beta" in case_verdicts(out)
 
 
 def test_a_run_passed_in_summary_but_skipped_in_junit_is_refused(
@@ -331,7 +344,7 @@ def test_an_index_clash_is_refused_or_never_written_on(
     _run_entry(data, GAMMA)["index"] = _run_entry(data, ALPHA)["index"]
     _put_summary(base, data)
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert "Traceback" not in result.err
     if result.code != 2:
         indexes = [r["index"] for r in _summary(out)["runs"]]
@@ -379,7 +392,7 @@ def test_a_failed_run_with_odd_characters_outside_the_plan_stays_failed_in_valid
     ET.SubElement(case, "failure", {"message": "failed"}).text = "failed"
     junit.write(base / "junit.xml", encoding="unicode")
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert "Traceback" not in result.err
     if result.code == 2:
         return
@@ -401,7 +414,9 @@ def test_a_kept_failure_commands_nothing_on_github_actions(
     _put_summary(base, data)
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     # beta is outside the plan of alpha alone: kept failing, its reason shown as it was.
-    result = _rerun(cli, fake_model(_script(set())), base, tmp_path / "out", "--filter", "alpha")
+    result = _rerun(
+        cli, fake_model(refusing_script(set())), base, tmp_path / "out", "--filter", "alpha"
+    )
     assert result.code == 1, result.err[-2000:]
     lines = (result.out + result.err).splitlines()
     assert (
@@ -432,7 +447,7 @@ def test_a_record_that_is_no_mm_batch_record_is_refused_or_never_copied(
     with (base / "calls.jsonl").open("a") as log:
         log.write(json.dumps(record) + "\n")
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert "Traceback" not in result.err
     if result.code != 2:
         check_report(out / "junit.xml")
@@ -457,7 +472,7 @@ def test_hostile_testsuite_attributes_are_refused_or_never_copied(
     junit.write(base / "junit.xml", encoding="unicode")
     out = tmp_path / "out"
     # alpha passed: nothing runs again, DIR's testsuite is the only one of the new junit.xml.
-    result = _rerun(cli, fake_model(_script(set())), base, out, "--filter", "alpha")
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out, "--filter", "alpha")
     assert "Traceback" not in result.err
     if result.code != 2:
         check_report(out / "junit.xml")
@@ -472,7 +487,7 @@ def test_a_hostile_testcase_time_is_refused_or_never_copied(
     next(c for c in junit.getroot().iter("testcase") if c.get("name") == "alpha").set("time", time)
     junit.write(base / "junit.xml", encoding="unicode")
     before = _snapshot(base)
-    result = _rerun(cli, fake_model(_script(set())), base)
+    result = _rerun(cli, fake_model(refusing_script(set())), base)
     assert "Traceback" not in result.err, result.err[-2000:]
     if result.code == 2:
         assert "junit.xml" in result.err and _snapshot(base) == before
@@ -493,7 +508,7 @@ def test_a_kept_test_case_keeps_spec_limits_on_its_texts(
     junit.write(base / "junit.xml", encoding="unicode")
     out = tmp_path / "out"
     # beta is outside the plan of alpha alone: its test case is kept as DIR had it.
-    result = _rerun(cli, fake_model(_script(set())), base, out, "--filter", "alpha")
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out, "--filter", "alpha")
     assert "Traceback" not in result.err
     if result.code == 2:
         return
@@ -516,7 +531,7 @@ def test_a_hostile_started_at_leaves_the_reports_valid(
     data["provenance"]["started_at"] = started_at
     _put_summary(base, data)
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert "Traceback" not in result.err
     if result.code != 2:
         assert result.code == 0, result.err[-2000:]
@@ -538,7 +553,7 @@ def test_a_hostile_model_in_the_rerun_leaves_the_merged_reports_valid(
     result = _rerun(cli, fake_model(script), base, out)
     assert result.code == 0, result.err[-2000:]
     check_report(out / "junit.xml")
-    assert _cases(out) == {"alpha": "passed", "beta": "passed", "gamma": "passed"}
+    assert case_verdicts(out) == {"alpha": "passed", "beta": "passed", "gamma": "passed"}
 
 
 # --- (4) Memory and time bounded.
@@ -567,7 +582,7 @@ def test_a_huge_calls_log_is_refused_in_bounded_memory(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     base = _failed_beta(cli, fake_model, tmp_path)
-    fake = fake_model(_script(set()))
+    fake = fake_model(refusing_script(set()))
     control = tmp_path / "control"
     # The same rerun on an untouched copy runs under the cap: the cap is no reason to fail.
     subprocess.run(["cp", "-a", str(base), str(control)], check=True)
@@ -595,7 +610,7 @@ def test_a_secret_of_the_reruns_environment_is_masked_in_what_dir_kept(
     assert secret in (base / "calls.jsonl").read_text()
     monkeypatch.setenv("MM_DEPLOY_TOKEN", secret)
     out = tmp_path / "out"
-    result = _rerun(cli, fake_model(_script(set())), base, out)
+    result = _rerun(cli, fake_model(refusing_script(set())), base, out)
     assert result.code == 0, result.err[-2000:]
     assert secret not in result.err + result.out
     leaking = sorted(p.name for p in out.iterdir() if secret in p.read_text())
@@ -636,7 +651,7 @@ def test_a_rerun_into_dir_killed_mid_run_leaves_dir_a_results_folder(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     base = _failed_beta(cli, fake_model, tmp_path)
-    (tmp_path / "agent.yaml").write_text(AGENT + SLOW)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT + SLOW)
     before = _summary(base)["runs"]
     proc = run_until_marker(
         tmp_path / "tasks.yaml",
@@ -650,22 +665,25 @@ def test_a_rerun_into_dir_killed_mid_run_leaves_dir_a_results_folder(
     proc.communicate(timeout=60)
     assert {"summary.json", "junit.xml", "calls.jsonl"} <= {p.name for p in base.iterdir()}
     assert _summary(base)["runs"] == before
-    assert _cases(base) == {"alpha": "passed", "beta": "failure", "gamma": "passed"}
+    assert case_verdicts(base) == {"alpha": "passed", "beta": "failure", "gamma": "passed"}
 
 
 def test_a_rerun_into_dir_whose_model_answers_garbage_keeps_every_kept_record(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     base = _failed_beta(cli, fake_model, tmp_path)
-    kept = [r for r in _records(base) if r["task"] != "beta"]
+    kept = [r for r in read_calls(base) if r["task"] != "beta"]
     fake = fake_model(lambda _: RawReply(b'{"choices": "not a list"}'))
     result = _rerun(cli, fake, base)
     assert result.code in (1, 3), result.err[-2000:]
     assert "Traceback" not in result.err
     check_report(base / "junit.xml")
-    assert [r for r in _records(base) if r["task"] != "beta"] == kept
-    assert _cases(base)["alpha"] == "passed" and _cases(base)["beta"] in ("failure", "error")
-    assert _asked(fake)[:1] == ["Do beta."]
+    assert [r for r in read_calls(base) if r["task"] != "beta"] == kept
+    assert case_verdicts(base)["alpha"] == "passed" and case_verdicts(base)["beta"] in (
+        "failure",
+        "error",
+    )
+    assert prompts_asked(fake)[:1] == ["Do beta."]
 
 
 PLANT = """\
@@ -689,9 +707,9 @@ def test_links_a_command_plants_in_dir_during_the_rerun_are_not_written_through(
     cli: Cli, fake_model: Fake, tmp_path: Path, names: str
 ) -> None:
     base = _failed_beta(cli, fake_model, tmp_path)
-    (tmp_path / "agent.yaml").write_text(AGENT + PLANT.replace("NAMES", names))
+    (tmp_path / "agent.yaml").write_text(OK_AGENT + PLANT.replace("NAMES", names))
     (tmp_path / "victim.txt").write_text("precious\n")
-    kept = [r for r in _records(base) if r["task"] != "beta"]
+    kept = [r for r in read_calls(base) if r["task"] != "beta"]
 
     def script(request: dict[str, Any]) -> Any:
         return [tool_call("plant", {}), tool_call("ok", {}), text("Done.")][min(turn(request), 2)]
@@ -700,5 +718,5 @@ def test_links_a_command_plants_in_dir_during_the_rerun_are_not_written_through(
     assert (tmp_path / "victim.txt").read_text() == "precious\n"
     assert result.code == 0, result.err[-2000:]
     check_report(base / "junit.xml")
-    assert _cases(base) == {"alpha": "passed", "beta": "passed", "gamma": "passed"}
-    assert [r for r in _records(base) if r["task"] != "beta"] == kept
+    assert case_verdicts(base) == {"alpha": "passed", "beta": "passed", "gamma": "passed"}
+    assert [r for r in read_calls(base) if r["task"] != "beta"] == kept

@@ -30,24 +30,12 @@ from mm_batch.effects.watchdog import (
 )
 from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text, tool_call
 from tests.docker_support import TEST_IMAGE
-from tests.helpers import Fake, model_args, read_calls, run_until_marker, write
+from tests.helpers import Fake, live_members, model_args, read_calls, run_until_marker, write
 
 WITHIN_S = 5.0
 # A command that says it started (its group id in `started`), leaves a sleeper in its group that
 # would write `late` in 2 s, and waits: no call of it must ever finish.
 LINGERING = "echo $$ > started.tmp && mv started.tmp started; (sleep 2; touch late) & sleep 300"
-
-
-def live_members(pgid: int) -> list[int]:
-    """Processes of the group that still run (a zombie waiting for its reaper does not)."""
-    listing = subprocess.run(
-        ["ps", "-e", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=True
-    ).stdout
-    return [
-        int(pid)
-        for pid, group, state in (line.split()[:3] for line in listing.splitlines())
-        if int(group) == pgid and not state.startswith("Z")
-    ]
 
 
 def _gone_within(pgid: int, seconds: float) -> bool:

@@ -7,8 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from mm_batch.testing.fake_openai import FakeOpenAI
-from tests.helpers import Cli, Fake, check_report, model_args
-from tests.report.test_junit import FLAKY_AGENT, FLAKY_TASKS, flaky_script
+from tests.helpers import FLAKY_TASKS, OK_AGENT, Cli, Fake, check_report, flaky_script, model_args
 
 TWO_TASKS = (
     FLAKY_TASKS + "\n  - id: second\n    prompt: Publish.\n    expect:\n      calls: [{tool: ok}]\n"
@@ -49,7 +48,7 @@ def _run_shards(cli: Cli, fake: FakeOpenAI, tasks: Path, out: Path, n: int) -> l
 def test_a_merge_keeps_plan_order_and_judges_flaky_runs_on_the_whole(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(TWO_TASKS)
     whole = cli(
@@ -91,7 +90,7 @@ def test_a_merge_keeps_plan_order_and_judges_flaky_runs_on_the_whole(
 def test_shards_of_different_files_or_versions_are_refused_by_name(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(TWO_TASKS)
     fake = fake_model(flaky_script(0))
@@ -125,7 +124,7 @@ def test_shards_run_from_other_working_directories_merge(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     """The same files named by other paths (each shard's own working directory) are one plan."""
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(TWO_TASKS)
     fake = fake_model(flaky_script(0))

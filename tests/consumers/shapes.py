@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -332,6 +331,27 @@ def build(root: Path) -> Reports:
     )
 
 
-def consumers_required() -> bool:
-    """MM_BATCH_REQUIRE_CONSUMERS=1 (CI): a consumer that is missing is a failure, not a skip."""
-    return os.environ.get("MM_BATCH_REQUIRE_CONSUMERS", "").strip() in ("1", "true", "yes")
+def missing_from(shown: str, failing: Failing, tasks_file: str) -> list[str]:
+    """What a CI user must see of a run that did not pass and that `shown` lacks: the task, the
+    model (as given, or as its classname spells it), the reason, every check, the stderr of the
+    command that failed, and the task's line."""
+    wanted = {
+        f"the task ({failing.case})": failing.case in shown,
+        f"the model ({failing.model})": failing.model in shown or MODEL_CLASS in shown,
+        f"the reason ({failing.reason!r})": failing.reason in shown,
+        f"the task's line ({tasks_file}:{failing.line})": (
+            f"task defined at {tasks_file}:{failing.line}" in shown
+        ),
+    }
+    for name, detail in failing.checks:
+        wanted[f"the check {name} ({detail!r})"] = name in shown and detail in shown
+    if failing.stderr is not None:
+        wanted[f"the command's stderr ({failing.stderr!r})"] = failing.stderr in shown
+    return [what for what, ok in wanted.items() if not ok]
+
+
+def assert_shows(consumer: str, shown: str, failing: Failing, tasks_file: str) -> None:
+    missing = missing_from(shown, failing, tasks_file)
+    assert not missing, (
+        f"{consumer} does not show {'; '.join(missing)} for {failing.case}; it shows:\n{shown}"
+    )

@@ -15,8 +15,7 @@ from junit2htmlreport import parser as junit2html
 from junitparser import Error, Failure
 from junitparser.xunit2 import JUnitXml, TestCase
 
-from tests.consumers.conftest import assert_shows
-from tests.consumers.shapes import MODEL, Reports, Shape
+from tests.consumers.shapes import MODEL, Reports, Shape, assert_shows
 from tests.helpers import check_report
 
 SHAPES = ("passing", "failing", "error", "flaky", "merged")

@@ -15,102 +15,16 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from tests.consumers.conftest import assert_shows, require
-from tests.consumers.shapes import Reports, Shape
+from tests.consumers.shapes import Reports, Shape, assert_shows
+from tests.helpers import chromium, dom, draw, require
 
 HERE = Path(__file__).resolve().parent
 VIEWER = HERE / "node_modules" / ".bin" / "xunit-viewer"
 SHAPES = ("passing", "failing", "error", "flaky", "merged")
-_VOID = {
-    "area",
-    "base",
-    "br",
-    "col",
-    "embed",
-    "hr",
-    "img",
-    "input",
-    "link",
-    "meta",
-    "source",
-    "wbr",
-}
-
-
-@dataclass
-class Node:
-    tag: str
-    attrs: dict[str, str]
-    children: list[Node | str] = field(default_factory=list)
-
-    @property
-    def classes(self) -> set[str]:
-        return set(self.attrs.get("class", "").split())
-
-    def text(self) -> str:
-        if self.tag in ("script", "style"):
-            return ""
-        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
-
-    def find_all(self, tag: str, *classes: str) -> list[Node]:
-        found = []
-        for child in self.children:
-            if isinstance(child, Node):
-                if child.tag == tag and set(classes) <= child.classes:
-                    found.append(child)
-                found.extend(child.find_all(tag, *classes))
-        return found
-
-
-class _Tree(HTMLParser):
-    """The DOM as Chromium serialised it, as a tree of nodes."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Node("#document", {})
-        self._open = [self.root]
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v or "" for k, v in attrs})
-        self._open[-1].children.append(node)
-        if tag not in _VOID:
-            self._open.append(node)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._open[-1].children.append(Node(tag, {k: v or "" for k, v in attrs}))
-
-    def handle_endtag(self, tag: str) -> None:
-        for depth in range(len(self._open) - 1, 0, -1):
-            if self._open[depth].tag == tag:
-                del self._open[depth:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        self._open[-1].children.append(data)
-
-
-def dom(html: str) -> Node:
-    tree = _Tree()
-    tree.feed(html)
-    tree.close()
-    return tree.root
-
-
-def chromium() -> str | None:
-    return next(
-        (
-            found
-            for name in ("chromium", "chromium-browser", "google-chrome")
-            if (found := shutil.which(name))
-        ),
-        None,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -148,39 +62,6 @@ def _rendered(junit: Path, browser: str) -> tuple[str, str]:
     written = page.read_text(encoding="utf-8")
     shutil.rmtree(work, ignore_errors=True)
     return written, drawn
-
-
-def draw(
-    browser: str, address: str, profile: Path, budget_ms: int = 15000
-) -> subprocess.CompletedProcess[str]:
-    """The DOM headless Chromium draws from a page once its scripts ran, with no network (on
-    stdout), and what the page logged to its console (on stderr)."""
-    return subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--disable-background-networking",
-            f"--user-data-dir={profile}",
-            # Nothing may come from the network: a CDN the page needed would leave it blank.
-            "--proxy-server=127.0.0.1:9",
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            # Tall enough that every test card is in view, so that it is drawn.
-            "--window-size=1280,12000",
-            f"--virtual-time-budget={budget_ms}",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--dump-dom",
-            address,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
 
 
 def test_the_page_needs_no_network(browser: str, reports: Reports) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Cli, CliResult, check_report, read_calls, write
+from tests.helpers import Cli, CliResult, check_report, read_calls
+from tests.providers.project import release_project
 from tests.providers.wire import Thinking, Turn, WireServer, anthropic
 
 KEY = "sk-ant-test-4f9c2e7d1b"
@@ -20,40 +21,10 @@ SCRIPT = (
 )
 
 
-def tasks(tmp_path: Path, options: str) -> Path:
-    write(
-        tmp_path,
-        "agent.yaml",
-        f"""
-        yolo: true
-        model_options: {options}
-        tools:
-          - name: release
-            description: Release a version.
-            parameters:
-              version: {{type: string, description: "The version."}}
-            command: ["echo", "released {{{{version}}}}"]
-        """,
-    )
-    return write(
-        tmp_path,
-        "tasks.yaml",
-        """
-        agent: agent.yaml
-        tasks:
-          - id: ship
-            prompt: Release 1.4.2.
-            expect:
-              calls: [{tool: release, args: {version: "1.4.2"}, times: 1}]
-              exit_code: 0
-        """,
-    )
-
-
 def run(cli: Cli, tmp_path: Path, server: WireServer, options: str) -> CliResult:
     return cli(
         "run",
-        tasks(tmp_path, options),
+        release_project(tmp_path, options),
         "--model",
         MODEL,
         "--model-option",

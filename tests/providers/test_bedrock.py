@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import Cli, CliResult, check_report, read_calls
-from tests.providers.test_anthropic import tasks
+from tests.providers.project import release_project
 from tests.providers.wire import Thinking, Turn, WireServer, bedrock
 
 SECRET = "bedrock-secret-key-0a9f3c"
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 def run(cli: Cli, tmp_path: Path, server: WireServer, options: str) -> CliResult:
     return cli(
         "run",
-        tasks(tmp_path, options),
+        release_project(tmp_path, options),
         "--model",
         MODEL,
         "--model-option",

@@ -22,8 +22,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.helpers import Cli, Fake, model_args
-from tests.report.test_junit import FLAKY_AGENT
+from tests.helpers import OK_AGENT, Cli, Fake, model_args
 
 
 @pytest.mark.parametrize(
@@ -168,7 +167,7 @@ tasks:
 
 
 def _results(cli: Cli, fake: FakeOpenAI, tmp_path: Path, name: str) -> Path:
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(TASKS)
     out = tmp_path / name

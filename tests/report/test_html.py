@@ -20,9 +20,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.consumers.conftest import require
-from tests.consumers.test_xunit_viewer import Node, chromium, dom, draw
-from tests.helpers import Cli, Fake, model_args
+from tests.helpers import Cli, Fake, Node, chromium, dom, draw, model_args, require
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 

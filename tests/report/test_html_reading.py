@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from mm_batch.report.html import report_html
 from mm_batch.report.summary import human_duration
 from mm_batch.run.records import RunResult
-from tests.consumers.test_xunit_viewer import dom
+from tests.helpers import dom
 
 TIMED_OUT = "task timeout (600 s) reached: waiting for the model since 352 s"
 

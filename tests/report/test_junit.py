@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import socket
-import threading
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from junitparser import Error, Failure, JUnitXml
 
 from mm_batch.testing.fake_openai import (
     HttpFailure,
-    Script,
     by_prompt,
     text,
     tool_call,
-    turn,
 )
-from tests.helpers import Cli, Fake, check_report, model_args
+from tests.helpers import FLAKY_TASKS, OK_AGENT, Cli, Fake, check_report, flaky_script, model_args
 
 
 def test_report_is_valid_and_readable(
@@ -235,50 +231,12 @@ def test_a_long_stderr_shows_its_last_2048_characters(
     assert "-> exit 3" in shown
 
 
-def flaky_script(fail_conversation: int) -> Script:
-    """Each new conversation of "Publish" runs `ok` except the n-th, which answers at once."""
-    lock = threading.Lock()
-    seen = {"publish": 0}
-
-    def script(request: dict[str, Any]) -> Any:
-        if turn(request) > 0:
-            return text("Done.")
-        with lock:
-            seen["publish"] += 1
-            bad = seen["publish"] == fail_conversation
-        return text("I will not.") if bad else tool_call("ok", {})
-
-    return script
-
-
-FLAKY_AGENT = """\
-yolo: true
-tools:
-  - name: ok
-    description: Do it.
-    parameters: {}
-    command: ["true"]
-"""
-
-FLAKY_TASKS = """\
-agent: agent.yaml
-repeat: 3
-min_pass_rate: 0.6
-jobs: 1
-tasks:
-  - id: publish
-    prompt: Publish.
-    expect:
-      calls: [{tool: ok}]
-"""
-
-
 def test_a_tolerated_failing_repeat_is_a_flaky_pass_and_the_report_agrees_with_exit_0(
     cli: Cli,
     fake_model: Fake,
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     (tmp_path / "tasks.yaml").write_text(FLAKY_TASKS)
     fake = fake_model(flaky_script(2))
     out = tmp_path / "out"
@@ -301,7 +259,7 @@ def test_below_the_pass_rate_every_failing_repeat_is_a_failure(
     fake_model: Fake,
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "agent.yaml").write_text(FLAKY_AGENT)
+    (tmp_path / "agent.yaml").write_text(OK_AGENT)
     (tmp_path / "tasks.yaml").write_text(FLAKY_TASKS.replace("0.6", "0.9"))
     fake = fake_model(flaky_script(2))
     out = tmp_path / "out"

@@ -10,19 +10,17 @@ from __future__ import annotations
 import html
 import re
 import string
-from html.parser import HTMLParser
 from pathlib import Path
 
-import cmarkgfm
 import pytest
-from cmarkgfm.cmark import Options
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mm_batch.report.summary import WORD_JOINER, markdown_text, one_line, summary_markdown
+from mm_batch.report.summary import markdown_text, one_line, summary_markdown
 from mm_batch.run.records import RunResult, Status
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.helpers import Cli, Fake, model_args, write
+from tests.report.github_markdown import cells, render, seen
 
 HOSTILE = [
     "[x](http://e.vil)",
@@ -59,58 +57,6 @@ HOSTILE = [
     "\x1b[31mred\x1b[0m \x00 \u202eevil",
     "snake_case_name and _leading and trailing_",
 ]
-
-
-def render(markdown: str) -> str:
-    """summary.md as GitHub renders it: GFM with its extensions, raw HTML let through."""
-    # UNSAFE keeps raw HTML in the output rather than dropping it, so that any HTML the
-    # summary let through would be seen here; GitHub's own sanitizer is not counted on.
-    page = cmarkgfm.github_flavored_markdown_to_html(markdown, options=Options.CMARK_OPT_UNSAFE)
-    return str(page)
-
-
-class _Cells(HTMLParser):
-    """The tags inside table cells, and each cell's text."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.cells: list[str] = []
-        self.tags_in_cells: list[str] = []
-        self._in_cell = False
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("td", "th"):
-            self._in_cell = True
-            self.cells.append("")
-        elif self._in_cell:
-            self.tags_in_cells.append(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.handle_starttag(tag, attrs)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th"):
-            self._in_cell = False
-
-    def handle_data(self, data: str) -> None:
-        if self._in_cell:
-            self.cells[-1] += data
-
-    def handle_comment(self, data: str) -> None:
-        if self._in_cell:
-            self.tags_in_cells.append("!--")
-
-
-def cells(markdown: str) -> _Cells:
-    parser = _Cells()
-    parser.feed(render(markdown))
-    parser.close()
-    return parser
-
-
-def seen(cell_text: str) -> str:
-    """What a reader sees: the word joiner after an `@` is invisible."""
-    return cell_text.replace(WORD_JOINER, "")
 
 
 def one_cell(text: str) -> str:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import fcntl
 import io
-import json
 import os
 import re
 import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -26,13 +24,13 @@ from mm_batch.errors import ExitCode
 from mm_batch.report.terminal import Progress, short_summary
 from mm_batch.run.records import RunResult, Status
 from mm_batch.testing.fake_openai import (
-    FakeOpenAI,
     HttpFailure,
     by_prompt,
     text,
     tool_call,
 )
 from tests.helpers import Cli, Fake, model_args, write
+from tests.report.pty_session import pty_run, slow_suite
 
 TABLE_HEADER = re.compile(r"^model +passed/runs +failed +errors +mean s +tokens in/out +cost usd$")
 LIVE = re.compile(r"(\d+)/(\d+) done, \d+ passed, \d+ failed, \d+ errors, (\d+) s elapsed")
@@ -204,94 +202,10 @@ def test_run_help_lists_the_exit_codes(cli: Cli) -> None:
 # --- on a real pseudo-terminal -------------------------------------------------------------
 
 
-def _pty_run(
-    tasks: Path,
-    server: FakeOpenAI,
-    out: Path,
-    term: str,
-    on_output: Callable[[bytes, subprocess.Popen[bytes]], None] = lambda _o, _p: None,
-    timeout_s: float = 90,
-) -> tuple[int, list[tuple[float, bytes]]]:
-    """Run `mm-batch run` with its stdout and stderr on a pseudo-terminal; what it printed, when."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
-    env.update(TERM=term, PYTHONUNBUFFERED="1", COLUMNS="200")
-    master, slave = os.openpty()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mm_batch",
-            "run",
-            str(tasks),
-            *model_args(server),
-            "--out",
-            str(out),
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        cwd=tasks.parent,
-    )
-    os.close(slave)
-    chunks: list[tuple[float, bytes]] = []
-    seen = b""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if not ready:
-                continue
-            try:
-                data = os.read(master, 4096)
-            except OSError:  # EIO: every holder of the terminal's other end has closed it
-                break
-            if not data:
-                break
-            chunks.append((time.monotonic(), data))
-            seen += data
-            on_output(seen, proc)
-        else:
-            proc.kill()
-            pytest.fail(
-                f"mm-batch did not finish in {timeout_s} s: {seen.decode(errors='replace')}"
-            )
-    finally:
-        os.close(master)
-    return proc.wait(timeout=30), chunks
-
-
-def _slow_suite(directory: Path, command: str, check: str = "exit 1") -> Path:
-    """One task whose one tool runs `command`; the task's check program runs `check`."""
-    write(
-        directory,
-        "agent.yaml",
-        f"""
-        yolo: true
-        tools:
-          - name: slow
-            description: Takes its time.
-            command: ["/bin/sh", "-c", {json.dumps(command)}]
-        """,
-    )
-    return write(
-        directory,
-        "tasks.yaml",
-        f"""
-        agent: agent.yaml
-        tasks:
-          - id: slow
-            prompt: slow
-            expect:
-              check: ["/bin/sh", "-c", {json.dumps(check)}]
-        """,
-    )
-
-
 def test_on_a_terminal_the_live_line_ticks_every_second(fake_model: Fake, tmp_path: Path) -> None:
-    tasks = _slow_suite(tmp_path, "sleep 3.5")
+    tasks = slow_suite(tmp_path, "sleep 3.5")
     fake = fake_model(by_prompt({"slow": [tool_call("slow", {}), text("done")]}))
-    code, chunks = _pty_run(tasks, fake, tmp_path / "out", "xterm-256color")
+    code, chunks = pty_run(tasks, fake, tmp_path / "out", "xterm-256color")
     assert code == 1
     output = b"".join(c for _, c in chunks).decode()
     # Every redraw while the one run was under way, with the seconds it showed.
@@ -310,9 +224,9 @@ def test_on_a_terminal_the_live_line_ticks_every_second(fake_model: Fake, tmp_pa
 def test_term_dumb_on_a_terminal_gets_plain_lines(fake_model: Fake, tmp_path: Path) -> None:
     # What the check prints (escape sequences included) ends up in the reason.
     paint = "printf 'not \\033[31mred\\033[0m\\033[2J'; exit 1"
-    tasks = _slow_suite(tmp_path, "sleep 1.2", check=paint)
+    tasks = slow_suite(tmp_path, "sleep 1.2", check=paint)
     fake = fake_model(by_prompt({"slow": [tool_call("slow", {}), text("\x1b[2Jcleared")]}))
-    code, chunks = _pty_run(tasks, fake, tmp_path / "out", "dumb")
+    code, chunks = pty_run(tasks, fake, tmp_path / "out", "dumb")
     assert code == 1
     output = b"".join(c for _, c in chunks).decode()
     assert "\x1b" not in output, output
@@ -325,7 +239,7 @@ def test_term_dumb_on_a_terminal_gets_plain_lines(fake_model: Fake, tmp_path: Pa
 
 def test_sigint_ends_the_live_line_before_the_table(fake_model: Fake, tmp_path: Path) -> None:
     marker = tmp_path / "started"
-    tasks = _slow_suite(tmp_path, f"touch {marker}; sleep 300")
+    tasks = slow_suite(tmp_path, f"touch {marker}; sleep 300")
     fake = fake_model(by_prompt({"slow": [tool_call("slow", {}), text("never")]}))
     sent: list[float] = []
 
@@ -335,7 +249,7 @@ def test_sigint_ends_the_live_line_before_the_table(fake_model: Fake, tmp_path: 
             proc.send_signal(signal.SIGINT)
             sent.append(time.monotonic())
 
-    code, chunks = _pty_run(tasks, fake, tmp_path / "out", "xterm", interrupt)
+    code, chunks = pty_run(tasks, fake, tmp_path / "out", "xterm", interrupt)
     assert sent and code == 130
     output = b"".join(c for _, c in chunks).decode().replace("\r\n", "\n")
     lines = output.split("\n")

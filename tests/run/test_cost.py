@@ -25,18 +25,12 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, Fake, check_report, read_calls, write
+from tests.helpers import Cli, Fake, check_report, read_calls, turn_usd, write
 from tests.helpers import priced_model_args as _model
 
 PRICED = "openai/gpt-4o-mini"
 UNPRICED = "hosted_vllm/fake"
 PROMPTS = ["Check billing.", "Check search.", "Check mail.", "Check disks."]
-
-
-def turn_usd() -> float:
-    """One fake turn (10 prompt, 5 completion tokens) at litellm's bundled prices."""
-    price = litellm_effects.load_litellm().model_cost["gpt-4o-mini"]
-    return float(10 * price["input_cost_per_token"] + 5 * price["output_cost_per_token"])
 
 
 def _suite(directory: Path, prompts: list[str] = PROMPTS, jobs: int = 1) -> Path:
