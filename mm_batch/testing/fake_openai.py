@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from mm_batch.jsontypes import JsonObject, JsonValue
+
 
 @dataclass(frozen=True)
 class HttpFailure:
@@ -44,7 +46,7 @@ class RawReply:
 class Finished:
     """A completion whose choice ends with this `finish_reason` (e.g. "length")."""
 
-    message: dict[str, Any]
+    message: JsonObject
     finish_reason: str | None
 
 
@@ -56,20 +58,21 @@ class Delayed:
     seconds: float
 
 
-Reply = dict[str, Any] | HttpFailure | RawReply | Finished | Delayed
-Script = Callable[[dict[str, Any]], Reply]
+Reply = JsonObject | HttpFailure | RawReply | Finished | Delayed
+Script = Callable[[JsonObject], Reply]
 _ids = itertools.count(1)
 
 
-def text(content: str) -> dict[str, Any]:
+def text(content: str) -> JsonObject:
     """An assistant message with a final answer."""
     return {"role": "assistant", "content": content}
 
 
 def tool_call(
-    name: str, arguments: str | Mapping[str, Any], *more: tuple[str, Any]
+    name: str, arguments: str | Mapping[str, object], *more: tuple[str, str | Mapping[str, object]]
 ) -> dict[str, Any]:
-    """An assistant message asking for one tool call (or several, with `more`)."""
+    """An assistant message asking for one tool call (or several, with `more`); a test may
+    edit it into what a hostile model sends."""
     calls = [(name, arguments), *more]
     return {
         "role": "assistant",
@@ -88,21 +91,25 @@ def tool_call(
     }
 
 
-def first_user_message(request: Mapping[str, Any]) -> str:
-    return next(
-        (str(m.get("content")) for m in request.get("messages", []) if m.get("role") == "user"), ""
-    )
+def messages(request: Mapping[str, JsonValue]) -> list[JsonObject]:
+    """The messages of a chat-completions request."""
+    sent = request.get("messages")
+    return [m for m in sent if isinstance(m, dict)] if isinstance(sent, list) else []
 
 
-def turn(request: Mapping[str, Any]) -> int:
+def first_user_message(request: Mapping[str, JsonValue]) -> str:
+    return next((str(m.get("content")) for m in messages(request) if m.get("role") == "user"), "")
+
+
+def turn(request: Mapping[str, JsonValue]) -> int:
     """0 for the first model turn of a conversation, 1 for the next, and so on."""
-    return sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
+    return sum(1 for m in messages(request) if m.get("role") == "assistant")
 
 
 def by_prompt(conversations: Mapping[str, Sequence[Reply]], default: Reply | None = None) -> Script:
     """Reply with the n-th scripted message of the conversation that starts with this prompt."""
 
-    def script(request: dict[str, Any]) -> Reply:
+    def script(request: JsonObject) -> Reply:
         replies = conversations.get(first_user_message(request))
         n = turn(request)
         if replies is None or n >= len(replies):
@@ -115,7 +122,9 @@ def by_prompt(conversations: Mapping[str, Sequence[Reply]], default: Reply | Non
 class _QuietServer(ThreadingHTTPServer):
     """A client that hangs up mid-reply (its timeout passed) is normal here, not a traceback."""
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: object
+    ) -> None:
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -126,6 +135,7 @@ class FakeOpenAI:
     def __init__(self, script: Script, latency_s: float = 0.0) -> None:
         self.script = script
         self.latency_s = latency_s
+        # As litellm sent them, for tests to read by key wherever they look.
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -188,7 +198,11 @@ class FakeOpenAI:
                     self._send_bytes(reply.status, reply.body, reply.headers)
                     return
                 if isinstance(reply, HttpFailure):
-                    error = {"message": reply.message, "type": "scripted", "code": reply.status}
+                    error: JsonObject = {
+                        "message": reply.message,
+                        "type": "scripted",
+                        "code": reply.status,
+                    }
                     self._send(reply.status, {"error": error}, reply.headers)
                     return
                 if isinstance(reply, Finished):
@@ -209,7 +223,7 @@ class FakeOpenAI:
                 )
 
             def _send(
-                self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None
+                self, status: int, payload: JsonObject, headers: Mapping[str, str] | None = None
             ) -> None:
                 # ensure_ascii: a scripted lone surrogate goes out as its JSON escape
                 data = json.dumps(payload).encode()
@@ -226,7 +240,7 @@ class FakeOpenAI:
                 with contextlib.suppress(OSError):  # the client may have given up waiting
                     self.wfile.write(data)
 
-            def log_message(self, *_args: Any) -> None:
+            def log_message(self, *_args: object) -> None:
                 return
 
         return Handler
