@@ -29,7 +29,7 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
+from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write, yolo_agent
 
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
 
@@ -123,15 +123,9 @@ def test_no_reason_at_all_reads_as_a_stop(reasons: tuple[_Reasons, FakeOpenAI]) 
 
 # -- end to end: the run's verdict, record and reports ---------------------------------------
 
-AGENT = """
-    yolo: true
-    tools:
-      - name: note
-        description: Take a note.
-        parameters:
-          text: {type: string}
-        command: ["sh", "-c", "echo noted >> notes.txt"]
-"""
+AGENT = yolo_agent(
+    "note", "Take a note.", '["sh", "-c", "echo noted >> notes.txt"]', "{text: {type: string}}"
+)
 TASKS = """
     agent: agent.yaml
     tasks:

@@ -24,19 +24,13 @@ from typing import Any
 import pytest
 
 from mm_batch.testing.fake_openai import FakeOpenAI, text, tool_call, turn
+from tests.helpers import yolo_agent
 
 SECRET = "hunt-me-4f9c1e77ab"
 CONTROL = "control-5d2e8a1b90"
 NOBODY = 65534
 
-AGENT = """
-yolo: true
-tools:
-  - name: snoop
-    description: Look around.
-    parameters: {}
-    command: ["./snoop.sh"]
-"""
+AGENT = yolo_agent("snoop", "Look around.", '["./snoop.sh"]')
 TASKS = """
 agent: agent.yaml
 tasks:

@@ -15,12 +15,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from mm_batch.commands.results import read_records
+
 from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.html import records_of
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
-from tests.helpers import Cli, Fake, model_args, write
+from tests.helpers import Cli, Fake, model_args, write, yolo_agent
 
 # Every character some reader takes for the end of a line (str.splitlines, JavaScript, YAML).
 SEPARATORS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -86,15 +86,12 @@ def test_an_older_log_with_raw_separators_reads_back(tmp_path: Path) -> None:
 
 # -- end to end: run, merge, --rerun-failed and report.html on a hostile run's results -------
 
-AGENT = """
-    yolo: true
-    tools:
-      - name: echo
-        description: Print a text, on stdout and stderr.
-        parameters:
-          text: {type: string}
-        command: ["python3", "./echo.py", "{{text}}"]
-"""
+AGENT = yolo_agent(
+    "echo",
+    "Print a text, on stdout and stderr.",
+    '["python3", "./echo.py", "{{text}}"]',
+    "{text: {type: string}}",
+)
 ECHO = "import sys\nprint(sys.argv[1])\nprint(sys.argv[1], file=sys.stderr)\n"
 TASKS = """
     agent: agent.yaml

@@ -12,15 +12,9 @@ import pytest
 from mm_batch.report.terminal import ANNOTATION_LIMIT, escape_property, github_annotations
 from mm_batch.run.records import RunResult
 from mm_batch.testing.fake_openai import by_prompt, text
-from tests.helpers import Cli, Fake, model_args, write
+from tests.helpers import Cli, Fake, model_args, write, yolo_agent
 
-AGENT = """
-yolo: true
-tools:
-  - name: noop
-    description: Does nothing.
-    command: ["true"]
-"""
+AGENT = yolo_agent("noop", "Does nothing.")
 
 _COMMAND = re.compile(r"^::(?P<kind>\w+) (?P<props>[^:]*)::(?P<message>.*)$")
 

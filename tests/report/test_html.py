@@ -20,19 +20,11 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
-from tests.helpers import Cli, Fake, Node, chromium, dom, draw, model_args, require
+from tests.helpers import Cli, Fake, Node, chromium, dom, draw, model_args, require, yolo_agent
 
 HOSTILE = "<script>document.title='pwned'</script><img src=x onerror=alert(1)>"
 
-AGENT = """\
-yolo: true
-tools:
-  - name: shout
-    description: Print a line.
-    parameters:
-      line: {type: string}
-    command: ["echo", "{{line}}"]
-"""
+AGENT = yolo_agent("shout", "Print a line.", '["echo", "{{line}}"]', "{line: {type: string}}")
 
 TASKS = """\
 agent: agent.yaml

@@ -16,16 +16,9 @@ from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.junit import junit_xml
 from mm_batch.run.records import RunResult
 from mm_batch.testing.fake_openai import text, tool_call, turn
-from tests.helpers import Cli, Fake, check_report, model_args, write
+from tests.helpers import Cli, Fake, check_report, model_args, write, yolo_agent
 
-AGENT = """\
-yolo: true
-tools:
-  - name: wait
-    description: Wait a while.
-    parameters: {}
-    command: ["sleep", "0.6"]
-"""
+AGENT = yolo_agent("wait", "Wait a while.", '["sleep", "0.6"]')
 TASKS = """\
 agent: agent.yaml
 jobs: 4

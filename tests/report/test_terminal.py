@@ -29,7 +29,7 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, Fake, model_args, write
+from tests.helpers import Cli, Fake, model_args, write, yolo_agent
 from tests.report.pty_session import pty_run, slow_suite
 
 TABLE_HEADER = re.compile(r"^model +passed/runs +failed +errors +mean s +tokens in/out +cost usd$")
@@ -142,17 +142,7 @@ def test_short_summary_lists_each_run_that_did_not_pass() -> None:
 
 
 def _mixed_suite(directory: Path) -> Path:
-    write(
-        directory,
-        "agent.yaml",
-        """
-        yolo: true
-        tools:
-          - name: noop
-            description: Does nothing.
-            command: ["true"]
-        """,
-    )
+    write(directory, "agent.yaml", yolo_agent("noop", "Does nothing."))
     return write(
         directory,
         "tasks.yaml",

@@ -9,7 +9,7 @@ from typing import Any
 
 from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, InFlight
 from mm_batch.run.ports import ModelDeadlineError, ModelReply
-from tests.helpers import write
+from tests.helpers import write, yolo_agent
 from tests.run.scripted import calls, run_tasks
 
 ALLOWLIST_AGENT = """
@@ -44,14 +44,7 @@ def test_a_refusal_then_the_loop_it_led_to_reports_the_refusal_first(tmp_path: P
 
 # -- a run that timed out names what was in flight, and for how long ---------------------------
 
-NOTE_AGENT = """
-yolo: true
-tools:
-  - name: deploy
-    description: Deploy.
-    parameters: {}
-    command: ["./deploy.sh"]
-"""
+NOTE_AGENT = yolo_agent("deploy", "Deploy.", '["./deploy.sh"]')
 
 
 def _project(tmp_path: Path, timeout: float) -> Path:

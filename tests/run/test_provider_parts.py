@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_batch.run.ports import ModelReply, ToolCallRequest
-from tests.helpers import write
+from tests.helpers import write, yolo_agent
 from tests.run.scripted import answer, run_tasks
 
 SECRET = "hunter2-secret-value"
@@ -19,15 +19,7 @@ tasks:
   - id: t
     prompt: Take a note.
 """
-AGENT = """
-yolo: true
-tools:
-  - name: note
-    description: Write a note.
-    parameters:
-      text: {type: string}
-    command: ["echo", "{{text}}"]
-"""
+AGENT = yolo_agent("note", "Write a note.", '["echo", "{{text}}"]', "{text: {type: string}}")
 
 # JSON-like parts as a provider may send them: keys are structure, strings are text.
 _leaves = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=12)

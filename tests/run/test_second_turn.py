@@ -13,18 +13,10 @@ from pathlib import Path
 from mm_batch.plan import Overrides
 from mm_batch.run.loop import ANSWER_NOW, REPEAT_REASON, SETTLES
 from mm_batch.run.ports import ModelReply
-from tests.helpers import write
+from tests.helpers import write, yolo_agent
 from tests.run.scripted import answer, calls, run_tasks
 
-AGENT = """
-yolo: true
-tools:
-  - name: note
-    description: Write a note.
-    parameters:
-      text: {type: string}
-    command: ["./note.sh", "{{text}}"]
-"""
+AGENT = yolo_agent("note", "Write a note.", '["./note.sh", "{{text}}"]', "{text: {type: string}}")
 # Exits 3 for the text "fail", after writing it down: a call that ran and failed.
 NOTE = """#!/bin/sh
 echo "$1" >> notes.txt
