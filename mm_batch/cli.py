@@ -6,6 +6,7 @@ Heavy imports (litellm, the run stage) happen inside the commands, so `--help` s
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -13,15 +14,21 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from mm_batch import __version__
+from mm_batch.config.model import CACHE_MODES, SANDBOX_KINDS, CacheMode, SandboxKind
 from mm_batch.errors import ExitCode, UsageError
+from mm_batch.jsontypes import JsonObject, JsonValue
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from mm_batch.plan import Overrides
+
+Command = Callable[..., None]
 
 _EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -50,13 +57,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise _OptionValueError(f"{name} is not a finite number")
 
 
-def _bounded_data(value: Any) -> None:
+def _bounded_data(value: JsonValue) -> None:
     """Nesting and text of a parsed value, walked without recursion."""
-    stack = [(value, 0)]
+    stack: list[tuple[JsonValue, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, dict | list):
@@ -74,7 +81,7 @@ def _bounded_data(value: Any) -> None:
                 raise _OptionValueError("text with a character that cannot be encoded") from None
 
 
-def _parse_option_value(text: str) -> Any:
+def _parse_option_value(text: str) -> JsonValue:
     """`--model-option KEY=VALUE`: numbers, true/false, objects and lists as JSON reads them
     (`extra_headers={"X-Team": "ci"}`), else a string. Raises _OptionValueError for JSON a
     file could not hold (NaN, 1e999, a 31-digit integer, deep nesting)."""
@@ -95,8 +102,8 @@ def _parse_option_value(text: str) -> Any:
     return value
 
 
-def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
+def _model_options(pairs: Sequence[str]) -> JsonObject:
+    options: JsonObject = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -121,8 +128,43 @@ def _model_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def plan_options(function: F) -> F:
-    """Options shared by `run` and `plan`: they override the files."""
+def plan_options(command: Command) -> Command:
+    """Options shared by `run` and `plan`: they override the files, and reach the command as
+    one `overrides`."""
+
+    @functools.wraps(command)
+    def with_overrides(
+        *,
+        models: tuple[str, ...],
+        model_options: tuple[str, ...],
+        repeat: int | None,
+        jobs: int | None,
+        yolo: bool | None,
+        sandbox: SandboxKind | None,
+        image: str | None,
+        filters: tuple[str, ...],
+        excludes: tuple[str, ...],
+        exitfirst: bool,
+        shard: str | None,
+        **given: object,
+    ) -> None:
+        from mm_batch.plan import Overrides, parse_shard
+
+        overrides = Overrides(
+            models=models,
+            model_options=_model_options(model_options),
+            repeat=repeat,
+            jobs=jobs,
+            yolo=yolo,
+            sandbox=sandbox,
+            image=image,
+            filters=filters,
+            excludes=excludes,
+            exitfirst=exitfirst,
+            shard=parse_shard(shard) if shard else None,
+        )
+        command(overrides=overrides, **given)
+
     decorators = [
         click.option("--model", "models", multiple=True, help="Model to run on (repeatable)."),
         click.option(
@@ -141,7 +183,7 @@ def plan_options(function: F) -> F:
             help="Run every call, or only calls the allowlist preapproves.",
         ),
         click.option(
-            "--sandbox", type=click.Choice(["host", "docker"]), help="Where tool commands run."
+            "--sandbox", type=click.Choice(SANDBOX_KINDS), help="Where tool commands run."
         ),
         click.option("--image", help="Sandbox image (with --sandbox docker)."),
         click.option(
@@ -167,30 +209,10 @@ def plan_options(function: F) -> F:
         ),
         click.option("--shard", metavar="K/N", help="Run only shard K of N (K from 1)."),
     ]
+    decorated: Command = with_overrides
     for decorator in reversed(decorators):
-        function = decorator(function)
-    return function
-
-
-def _overrides(**options: Any) -> Any:
-    from mm_batch.plan import Overrides, parse_shard
-
-    return Overrides(
-        models=tuple(options["models"]),
-        model_options=_model_options(options["model_options"]),
-        repeat=options["repeat"],
-        jobs=options["jobs"],
-        yolo=options["yolo"],
-        sandbox=options["sandbox"],
-        image=options["image"],
-        filters=tuple(options["filters"]),
-        excludes=tuple(options["excludes"]),
-        exitfirst=options["exitfirst"],
-        shard=parse_shard(options["shard"]) if options["shard"] else None,
-        max_cost=options.get("max_cost"),  # `run` only
-        cache=options.get("cache"),  # `run` only
-        cache_mode=options.get("cache_mode"),  # `run` only
-    )
+        decorated = decorator(decorated)
+    return decorated
 
 
 def _positive_usd(
@@ -250,7 +272,7 @@ Exit codes:
 )
 @click.option(
     "--cache-mode",
-    type=click.Choice(["read", "write", "readwrite"]),
+    type=click.Choice(CACHE_MODES),
     help="read: use hits, store nothing new; write: never read, store; readwrite (default): both.",
 )
 @click.option(
@@ -262,24 +284,33 @@ Exit codes:
     "the runs not started are errors.",
 )
 @RERUN_OPTION
-def run(tasks_file: Path, out_dir: Path, rerun_from: Path | None, **options: Any) -> None:
+def run(
+    tasks_file: Path,
+    out_dir: Path,
+    rerun_from: Path | None,
+    overrides: Overrides,
+    cache: Path | None,
+    cache_mode: CacheMode | None,
+    max_cost: float | None,
+) -> None:
     """Run every task of TASKS_FILE and write junit.xml, calls.jsonl and summaries."""
     # litellm is imported once the plan shows a model that needs it (none for `local/` ones):
     # see `commands.effects.default_effects`.
     from mm_batch.commands import run as command
 
-    sys.exit(command.run(tasks_file, _overrides(**options), out_dir, rerun_from=rerun_from))
+    overrides = replace(overrides, cache=cache, cache_mode=cache_mode, max_cost=max_cost)
+    sys.exit(command.run(tasks_file, overrides, out_dir, rerun_from=rerun_from))
 
 
 @cli.command()
 @click.argument("tasks_file", type=_EXISTING_FILE)
 @plan_options
 @RERUN_OPTION
-def plan(tasks_file: Path, rerun_from: Path | None, **options: Any) -> None:
+def plan(tasks_file: Path, rerun_from: Path | None, overrides: Overrides) -> None:
     """List the runs that `run` would do with the same options; run nothing."""
     from mm_batch.commands import inspect
 
-    sys.exit(inspect.plan(tasks_file, _overrides(**options), rerun_from))
+    sys.exit(inspect.plan(tasks_file, overrides, rerun_from))
 
 
 @cli.command()
@@ -379,7 +410,7 @@ def leave(code: int) -> NoReturn:
     down. What is left is done here: the watchdog's goodbye (so that it exits without cleaning
     up after a death) and the flush of stdout and stderr.
     """
-    from mm_batch.commands.signals import CANCELLING
+    from mm_batch.effects.signals import CANCELLING
     from mm_batch.effects.watchdog import current_watchdog
 
     for sig in CANCELLING:  # nothing is left to cancel: the code stands
