@@ -497,3 +497,34 @@ def draw(
         timeout=180,
         check=True,
     )
+
+
+# --- a model that has not answered yet -------------------------------------------------------
+
+
+class HeldReply:
+    """A script whose every answer is `reply`, held back until `release()` (at most `hold_s`):
+    a call or a run that ended while `given` is 0 ended without waiting for the model. Use it as
+    a context manager, so that the held requests are let go before the server stops."""
+
+    def __init__(self, reply: Reply, hold_s: float = 120.0) -> None:
+        self._reply = reply
+        self._hold_s = hold_s
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self.given = 0
+
+    def __call__(self, _request: dict[str, Any]) -> Reply:
+        self._released.wait(self._hold_s)
+        with self._lock:
+            self.given += 1
+        return self._reply
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __enter__(self) -> HeldReply:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()

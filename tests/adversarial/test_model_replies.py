@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -20,10 +20,8 @@ import pytest
 
 from mm_batch.config.secrets import NO_SECRETS
 from mm_batch.effects.litellm import LiteLLMClient
-from mm_batch.effects.model_calls import CALL_GRACE_S
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
 from mm_batch.testing.fake_openai import (
-    Delayed,
     FakeOpenAI,
     Finished,
     HttpFailure,
@@ -33,7 +31,16 @@ from mm_batch.testing.fake_openai import (
     text,
     tool_call,
 )
-from tests.helpers import Cli, CliResult, Fake, check_report, model_args, read_calls, write
+from tests.helpers import (
+    Cli,
+    CliResult,
+    Fake,
+    HeldReply,
+    check_report,
+    model_args,
+    read_calls,
+    write,
+)
 
 MESSAGES = [{"role": "user", "content": "go"}]
 
@@ -53,14 +60,27 @@ def calling(function: dict[str, Any]) -> bytes:
     return completion(choices=choice({"role": "assistant", "content": None, "tool_calls": [call]}))
 
 
-def client(fake: FakeOpenAI, timeout: float = 30.0) -> LiteLLMClient:
+def client(
+    fake: FakeOpenAI, timeout: float = 30.0, sleep: Callable[[float], None] = time.sleep
+) -> LiteLLMClient:
     return LiteLLMClient(
         "hosted_vllm/fake",
         {"api_base": fake.url},
         masker=NO_SECRETS,
         timeout=timeout,
         backoff_s=0.01,
+        sleep=sleep,
     )
+
+
+def recording(slept: list[float]) -> Callable[[float], None]:
+    """A client's sleep that notes each wait it was asked for, then waits."""
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    return sleep
 
 
 def complete(fake: Fake, reply: Reply, deadline_s: float = 30.0) -> ModelReply:
@@ -125,29 +145,29 @@ def test_ten_mib_content_and_finish_reason_length_come_back_as_sent(fake_model: 
 
 
 def test_a_slow_model_ends_at_the_deadline_as_a_deadline_error(fake_model: Fake) -> None:
-    fake = fake_model(lambda _r: Delayed(text("late"), 30))
-    started = time.monotonic()
-    with pytest.raises(ModelDeadlineError):
-        client(fake).complete(MESSAGES, [], 1.0)
-    assert time.monotonic() - started < 1.0 + CALL_GRACE_S + 0.5
+    with HeldReply(text("late")) as late:
+        fake = fake_model(late)
+        with pytest.raises(ModelDeadlineError):
+            client(fake).complete(MESSAGES, [], 1.0)
+        assert late.given == 0  # ended at the deadline, not when the model answered
 
 
 def test_each_try_is_cut_at_the_model_timeout_and_the_retries_give_up(fake_model: Fake) -> None:
-    fake = fake_model(lambda _r: Delayed(text("late"), 30))
-    started = time.monotonic()
-    with pytest.raises(ModelError) as caught:
-        client(fake, timeout=0.3).complete(MESSAGES, [], 20)
-    assert type(caught.value) is ModelError  # gave up on its own before the deadline: error
-    assert "could not be reached after 3 tries" in str(caught.value)
-    assert len(fake.requests) == 3 and time.monotonic() - started < 6
+    with HeldReply(text("late")) as late:
+        fake = fake_model(late)
+        with pytest.raises(ModelError) as caught:
+            client(fake, timeout=0.3).complete(MESSAGES, [], 20)
+        assert type(caught.value) is ModelError  # gave up on its own before the deadline: error
+        assert "could not be reached after 3 tries" in str(caught.value)
+        assert len(fake.requests) == 3 and late.given == 0  # each try cut, none answered
 
 
 def test_retry_after_in_seconds_is_waited(fake_model: Fake) -> None:
     replies: Iterator[Reply] = iter([HttpFailure(503, "busy", {"Retry-After": "1"}), text("ok")])
     fake = fake_model(lambda _r: next(replies))
-    started = time.monotonic()
-    assert client(fake).complete(MESSAGES, [], 30).text == "ok"
-    assert time.monotonic() - started >= 1.0  # the backoff alone would be 0.01 s
+    slept: list[float] = []
+    assert client(fake, sleep=recording(slept)).complete(MESSAGES, [], 30).text == "ok"
+    assert slept == [1.0]  # the backoff alone would be 0.01 s
 
 
 def test_retry_after_as_an_http_date_is_waited(fake_model: Fake) -> None:
@@ -156,18 +176,19 @@ def test_retry_after_as_an_http_date_is_waited(fake_model: Fake) -> None:
         [HttpFailure(429, "slow down", {"Retry-After": when}), text("ok")]
     )
     fake = fake_model(lambda _r: next(replies))
-    started = time.monotonic()
-    assert client(fake).complete(MESSAGES, [], 30).text == "ok"
-    assert time.monotonic() - started >= 0.9  # the date has whole seconds
+    slept: list[float] = []
+    assert client(fake, sleep=recording(slept)).complete(MESSAGES, [], 30).text == "ok"
+    (waited,) = slept  # a 429 pauses every run of the model: this one waited out the pause
+    assert 0.9 <= waited <= 2.0  # the date has whole seconds; the backoff alone is 0.01 s
 
 
 @pytest.mark.parametrize("retry_after", ["60", "9" * 5000])
 def test_a_wait_past_the_deadline_ends_at_once(fake_model: Fake, retry_after: str) -> None:
     fake = fake_model(lambda _r: HttpFailure(503, "busy", {"Retry-After": retry_after}))
-    started = time.monotonic()
+    slept: list[float] = []
     with pytest.raises(ModelDeadlineError):
-        client(fake).complete(MESSAGES, [], 10)
-    assert time.monotonic() - started < 2 and len(fake.requests) == 1
+        client(fake, sleep=recording(slept)).complete(MESSAGES, [], 10)
+    assert slept == [] and len(fake.requests) == 1  # no wait begun that the deadline cuts
 
 
 def test_the_shared_429_pause_past_the_deadline_ends_the_other_runs_at_once(
@@ -175,17 +196,17 @@ def test_the_shared_429_pause_past_the_deadline_ends_the_other_runs_at_once(
 ) -> None:
     answers: Iterator[Reply] = iter([HttpFailure(429, "slow down", {"Retry-After": "2"})])
     fake = fake_model(lambda _r: next(answers, text("ok")))
-    first, second = client(fake), client(fake)
+    slept: list[float] = []
+    first, second = client(fake), client(fake, sleep=recording(slept))
     replies: list[ModelReply] = []
     waiting = threading.Thread(target=lambda: replies.append(first.complete(MESSAGES, [], 30)))
     waiting.start()
     while not fake.requests:
         time.sleep(0.01)
     time.sleep(0.2)  # the first run now waits out the pause of 2 s, for every run of the model
-    started = time.monotonic()
     with pytest.raises(ModelDeadlineError):
         second.complete(MESSAGES, [], 1)
-    assert time.monotonic() - started < 0.5
+    assert slept == []  # ended at once: it did not wait out the pause
     waiting.join()
     assert replies[0].text == "ok" and len(fake.requests) == 2  # the second never asked
 
@@ -272,9 +293,10 @@ def test_a_model_slower_than_the_task_timeout_fails_within_it(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     tasks = project(tmp_path, timeout=2)
-    started = time.monotonic()
-    result, records = run(cli, tasks, fake_model(scripted(Delayed(text("late"), 60))))
-    assert result.code == 1 and time.monotonic() - started < 2 + 5
+    with HeldReply(text("late")) as late:
+        result, records = run(cli, tasks, fake_model(late))
+        assert late.given == 0  # the run ended at its timeout, not when the model answered
+    assert result.code == 1
     assert records[-1]["status"] == "failed" and "timeout" in records[-1]["reason"]
 
 
@@ -283,9 +305,9 @@ def test_retries_past_the_task_timeout_fail_as_a_timeout(
 ) -> None:
     tasks = project(tmp_path, timeout=3)
     fake = fake_model(scripted(HttpFailure(503, "busy", {"Retry-After": "4"})))
-    started = time.monotonic()
     result, records = run(cli, tasks, fake)
-    assert result.code == 1 and time.monotonic() - started < 3
+    # No wait is begun that the deadline would cut (test_a_wait_past_the_deadline_ends_at_once).
+    assert result.code == 1
     assert records[-1]["status"] == "failed" and "timeout" in records[-1]["reason"]
     assert len(fake.requests) == 1
 
