@@ -202,6 +202,7 @@ def run(
                             pristine,
                             unpriced,
                             on_start=progress.run_started,
+                            warn=lambda line: click.echo(line, err=True),
                         )
                 finally:
                     recorder.close()

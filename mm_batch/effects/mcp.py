@@ -9,10 +9,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mm_batch.config.model import McpServerSpec
-from mm_batch.run.ports import McpError, McpTool
+from mm_batch.jsontypes import JsonObject
+from mm_batch.run.ports import McpAnswer, McpError, McpErrorAnswer, McpResult, McpTool
+
+if TYPE_CHECKING:  # the SDK is an extra: imported where a session opens
+    from mcp.client.session import ClientSession
 
 MCP_EXTRA_HINT = "pip install 'mm-batch[mcp]'"
 T = TypeVar("T")
@@ -28,7 +32,9 @@ def _first_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _run(server: McpServerSpec, timeout: float, action: Callable[[Any], Awaitable[T]]) -> T:
+def _run(
+    server: McpServerSpec, timeout: float, action: Callable[[ClientSession], Awaitable[T]]
+) -> T:
     import anyio
     from mcp.client.session import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -59,7 +65,7 @@ def _run(server: McpServerSpec, timeout: float, action: Callable[[Any], Awaitabl
 
 
 def list_tools(server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]:
-    async def action(client: Any) -> list[McpTool]:
+    async def action(client: ClientSession) -> list[McpTool]:
         result = await client.list_tools()
         return [
             McpTool(server.name, t.name, t.description or "", dict(t.input_schema or {}))
@@ -69,15 +75,14 @@ def list_tools(server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]:
     return _run(server, timeout, action)
 
 
-def call_tool(
-    server: McpServerSpec, name: str, arguments: dict[str, Any], timeout: float
-) -> tuple[bool, str]:
-    """(is_error, text of the result)."""
+def call_tool(server: McpServerSpec, name: str, arguments: JsonObject, timeout: float) -> McpResult:
+    """The tool's answer, flagged as an error answer when the tool says it is one."""
 
-    async def action(client: Any) -> tuple[bool, str]:
+    async def action(client: ClientSession) -> McpResult:
         result = await client.call_tool(name, arguments, read_timeout_seconds=timeout)
         parts = [getattr(c, "text", None) or repr(c) for c in result.content or []]
-        return bool(result.is_error), "\n".join(parts)
+        text = "\n".join(parts)
+        return McpErrorAnswer(text) if result.is_error else McpAnswer(text)
 
     return _run(server, timeout, action)
 
@@ -89,6 +94,6 @@ class McpHttpClient:
         return list_tools(server, timeout)
 
     def call_tool(
-        self, server: McpServerSpec, name: str, arguments: dict[str, Any], timeout: float
-    ) -> tuple[bool, str]:
+        self, server: McpServerSpec, name: str, arguments: JsonObject, timeout: float
+    ) -> McpResult:
         return call_tool(server, name, arguments, timeout)

@@ -16,11 +16,12 @@ import time
 import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
 
 from mm_batch.config.local_catalog import LOCAL_PREFIX
 from mm_batch.config.secrets import Masker
+from mm_batch.jsontypes import JsonObject
 from mm_batch.plan import Plan, RunSpec
+from mm_batch.run.context import Notices, RunContext
 from mm_batch.run.in_flight import InFlight, timeout_reason
 from mm_batch.run.loop import INTERRUPTED
 from mm_batch.run.ports import (
@@ -42,7 +43,7 @@ from mm_batch.run.records import (
     usage,
     usd,
 )
-from mm_batch.run.task_run import RunParts, TaskRun, finish, internal_error
+from mm_batch.run.task_run import TaskRun, finish, internal_error
 
 # The reason of a run `--exitfirst` did not start, once an earlier run failed or erred.
 EXITFIRST_REASON = "not started: --exitfirst"
@@ -106,7 +107,7 @@ class _Spending:
         self._costs: list[float] = []
         self._uncounted = 0
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: JsonObject) -> None:
         self._recorder.write(record)
         if record.get("kind") != "model":
             return
@@ -151,6 +152,37 @@ def _semaphores(plan: Plan) -> dict[str, threading.Semaphore]:
     return {model: threading.Semaphore(n) for model, n in plan.parallel_limits.items()}
 
 
+@dataclass(frozen=True)
+class BatchContext:
+    """What every run of a batch shares, built once per batch: each run's `RunContext` is made
+    of it and of what is the run's own."""
+
+    plan: Plan
+    effects: Effects
+    masker: Masker
+    cancel: threading.Event
+    pristine: Pristine
+    notices: Notices
+    spending: _Spending
+    on_start: Callable[[str], None]
+    on_result: Callable[[RunResult], None]
+
+    def for_run(self, slot: _Slot, client: ModelClient, executor: Executor) -> RunContext:
+        return RunContext(
+            spec=slot.spec,
+            client=client,
+            executor=executor,
+            hooks=self.effects.hooks,
+            mcp=self.effects.mcp,
+            masker=self.masker,
+            cancel=self.cancel,
+            pristine=self.pristine,
+            recorder=slot.recorder,
+            in_flight=slot.in_flight,
+            notices=self.notices,
+        )
+
+
 def run_batch(
     plan: Plan,
     effects: Effects,
@@ -161,10 +193,12 @@ def run_batch(
     pristine: Pristine | None = None,
     unpriced: Collection[str] = (),
     on_start: Callable[[str], None] = lambda _run_id: None,
+    warn: Callable[[str], None] = lambda _line: None,
 ) -> list[RunResult]:
     """Run the plan; return one result per run, in plan order, whatever happened. `unpriced`:
     the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0.
-    `on_start` gets the (masked) id of each run as it starts, `on_result` its result."""
+    `on_start` gets the (masked) id of each run as it starts, `on_result` its result; `warn`
+    each warning for the person running the batch (once per batch)."""
     spending = _Spending(recorder, unpriced)
     slots = [
         _Slot(
@@ -173,10 +207,18 @@ def run_batch(
         )
         for spec in plan.runs
     ]
-    batch = _Batch(
-        plan, slots, effects, masker, cancel, on_result, pristine or Pristine(), spending, on_start
+    context = BatchContext(
+        plan,
+        effects,
+        masker,
+        cancel,
+        pristine or Pristine(),
+        Notices(warn),
+        spending,
+        on_start,
+        on_result,
     )
-    batch.run()
+    _Batch(context, slots).run()
     for slot in slots:
         if slot.result is None:
             reason = INTERRUPTED if cancel.is_set() else "internal error: the run never started"
@@ -192,27 +234,12 @@ class _Batch:
     back cost two switches of the interpreter lock a run, which at 16 jobs kept each waiting
     behind the others' litellm work."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        slots: list[_Slot],
-        effects: Effects,
-        masker: Masker,
-        cancel: threading.Event,
-        on_result: Callable[[RunResult], None],
-        pristine: Pristine,
-        spending: _Spending,
-        on_start: Callable[[str], None],
-    ) -> None:
+    def __init__(self, context: BatchContext, slots: list[_Slot]) -> None:
+        plan = context.plan
+        self.context = context
         self.plan = plan
+        self.cancel = context.cancel
         self.slots = slots
-        self.effects = effects
-        self.masker = masker
-        self.cancel = cancel
-        self.on_result = on_result
-        self.pristine = pristine
-        self.spending = spending
-        self.on_start = on_start
         self.pending: queue.Queue[_Slot] = queue.Queue()
         for slot in sorted(slots, key=_dispatch_order(plan)):
             self.pending.put(slot)
@@ -260,13 +287,14 @@ class _Batch:
                 slot.started = time.monotonic()
                 self.flying.add(slot)
             try:
-                over = self.first_failure or self.spending.limit_reached(self.plan.max_cost)
+                spending = self.context.spending
+                over = self.first_failure or spending.limit_reached(self.plan.max_cost)
                 if over is not None:
                     result = slot.close("error", over)
                 else:
                     with contextlib.suppress(Exception):  # a progress display never stops a batch
-                        self.on_start(self.masker.text(slot.spec.run_id))
-                    result = _run_one(slot, self.effects, self.masker, self.cancel, self.pristine)
+                        self.context.on_start(self.context.masker.text(slot.spec.run_id))
+                    result = _run_one(slot, self.context)
             except BaseException as exc:  # never lose a run, even to a bug of the batch
                 result = slot.close("error", internal_error(exc), traceback.format_exc())
             with self.finished:
@@ -308,7 +336,7 @@ class _Batch:
                 how = "failed" if result.status == "failed" else "had an error"
                 self.first_failure = f"{EXITFIRST_REASON} after {result.run_id} {how}"
             with contextlib.suppress(Exception):  # a progress display never stops a batch
-                self.on_result(result)
+                self.context.on_result(result)
         if self.done == len(self.slots) or self.cancel.is_set():
             self.finished.notify_all()
 
@@ -325,21 +353,17 @@ class _Batch:
                 self.finished.wait(timeout=min(left, 0.1))
 
 
-def _run_one(
-    slot: _Slot, effects: Effects, masker: Masker, cancel: threading.Event, pristine: Pristine
-) -> RunResult:
+def _run_one(slot: _Slot, context: BatchContext) -> RunResult:
     try:
-        client = effects.client_for(slot.spec)
+        client = context.effects.client_for(slot.spec)
     except ModelError as exc:
         return slot.close("error", str(exc))
     try:
-        executor = effects.executor_for(slot.spec)
+        executor = context.effects.executor_for(slot.spec)
     except SandboxError as exc:
         return slot.close("error", f"the sandbox is not available: {exc}")
     try:
-        parts = RunParts(client, executor, effects.hooks, effects.mcp)
-        run = TaskRun(slot.spec, parts, slot.recorder, masker, cancel, pristine, slot.in_flight)
-        return run.run()
+        return TaskRun(context.for_run(slot, client, executor)).run()
     finally:
         # A sandbox that cannot be removed now is an orphan a later run removes: the verdict
         # of this run stands either way.

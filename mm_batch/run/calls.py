@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import decimal
 import json
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import assert_never
 
 from mm_batch.config.model import AgentConfig, McpServerSpec, Value
 from mm_batch.config.secrets import Masker, head
-from mm_batch.plan import RunSpec
+from mm_batch.jsontypes import JsonObject
+from mm_batch.run.context import RunContext
 from mm_batch.run.output import captured_text, decode, model_result
 from mm_batch.run.ports import (
     ExecResult,
-    Executor,
-    HookRunner,
-    McpClient,
+    McpAnswer,
     McpError,
+    McpErrorAnswer,
     ToolCallRequest,
 )
-from mm_batch.run.pristine import MissingAtStartError, Pristine
+from mm_batch.run.pristine import MissingAtStartError
 from mm_batch.run.records import HookRecord, Outcome, ToolRecord
 from mm_batch.run.toolbox import PreparedCall, Toolbox, skill_answer
 from mm_batch.tools.consent import Decision, decide
@@ -58,13 +57,39 @@ def _kept(text: str, masker: Masker) -> str:
 
 
 @dataclass(frozen=True)
-class CallResult:
-    """What became of one call: the model's answer, its record, and whether the run can go on."""
+class Handled:
+    """A call answered (whatever became of it): what the model is sent, and its record."""
 
-    answer: str  # masked: what the model is sent
+    answer: str  # masked
     record: ToolRecord
     deadline_hit: bool = False  # the call ran into the task's deadline
-    sandbox_failure: str | None = None  # the sandbox broke: the run cannot be judged
+
+
+@dataclass(frozen=True)
+class SandboxFailed:
+    """The sandbox broke during the call: the run cannot go on, nor be judged."""
+
+    record: ToolRecord
+    reason: str
+
+
+CallResult = Handled | SandboxFailed
+
+
+@dataclass(frozen=True)
+class _HookPassed:
+    record: HookRecord
+
+
+@dataclass(frozen=True)
+class _HookRefused:
+    """A preToolCall hook that failed: the call is refused with `refusal`."""
+
+    record: HookRecord
+    refusal: str
+
+
+_HookRun = _HookPassed | _HookRefused
 
 
 @dataclass(frozen=True)
@@ -79,26 +104,11 @@ class _Ran:
 class CallHandler:
     """Handles the calls of one task run, one at a time."""
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        toolbox: Toolbox,
-        executor: Executor,
-        hooks: HookRunner,
-        mcp: McpClient,
-        masker: Masker,
-        cancel: threading.Event,
-        pristine: Pristine,
-    ) -> None:
-        self.spec = spec
-        self.agent: AgentConfig = spec.task.agent
+    def __init__(self, context: RunContext, toolbox: Toolbox) -> None:
+        self.context = context
+        self.agent: AgentConfig = context.spec.task.agent
         self.toolbox = toolbox
-        self.executor = executor
-        self.hooks = hooks
-        self.mcp = mcp
-        self.masker = masker
-        self.cancel = cancel
-        self.pristine = pristine
+        self.masker: Masker = context.masker
 
     def _record(
         self,
@@ -142,7 +152,7 @@ class CallHandler:
             return f"mcp:{prepared.mcp.server}"
         if prepared is not None and prepared.kind == "skill":
             return "skill"
-        return self.executor.where
+        return self.context.executor.where
 
     def handle(self, call: ToolCallRequest, deadline: float, said: str | None = None) -> CallResult:
         """Handle one call; `said`: what the model was told so far, to answer a copied example."""
@@ -150,30 +160,30 @@ class CallHandler:
         if prepared is None:
             answer = self.toolbox.unknown_tool_answer(call.name)
             reason = f"no tool named '{call.name}'"
-            return CallResult(
-                self.masker.text(answer), self._record(call, "invalid", reason=reason)
-            )
+            return Handled(self.masker.text(answer), self._record(call, "invalid", reason=reason))
         if isinstance(prepared, InvalidCall):
             reason = "; ".join(prepared.problems)
             record = self._record(call, "invalid", reason=reason)
-            return CallResult(self.masker.text(prepared.answer), record)
+            return Handled(self.masker.text(prepared.answer), record)
         decision = self._consent(prepared)
         if not decision.allowed:
             reason = decision.reason or "refused"
             record = self._record(call, "refused", prepared, reason=reason)
-            return CallResult(self.masker.text(reason), record)
+            return Handled(self.masker.text(reason), record)
         hooks: dict[str, HookRecord] = {}
-        described: dict[str, Any] = {
+        arguments: JsonObject = dict(prepared.arguments)
+        described: JsonObject = {
             "tool": call.name,
-            "arguments": prepared.arguments,
-            "argv": list(prepared.argv),
+            "arguments": arguments,
+            "argv": [*prepared.argv],
         }
         pre = self.agent.hooks.pre_tool_call
         if pre is not None:
-            hooks["preToolCall"], refusal = self._hook(pre, described)
-            if refusal is not None:
-                record = self._record(call, "refused", prepared, reason=refusal, hooks=hooks)
-                return CallResult(self.masker.text(refusal), record)
+            hook = self._hook(pre, described)
+            hooks["preToolCall"] = hook.record
+            if isinstance(hook, _HookRefused):
+                record = self._record(call, "refused", prepared, reason=hook.refusal, hooks=hooks)
+                return Handled(self.masker.text(hook.refusal), record)
         remaining = deadline - time.monotonic()
         timeout = max(min(prepared.timeout or remaining, remaining), 0.001)
         if prepared.kind == "skill":
@@ -185,14 +195,14 @@ class CallHandler:
         post = self.agent.hooks.post_tool_call
         if post is not None and ran.outcome != "invalid":
             result = ran.result
-            payload = {
+            payload: JsonObject = {
                 **described,
                 "outcome": ran.outcome,
                 "exit_code": result.exit_code if result is not None else None,
                 "stdout": captured_text(result.stdout, self.masker) if result else ran.answer,
                 "stderr": captured_text(result.stderr, self.masker) if result else "",
             }
-            hooks["postToolCall"], _ = self._hook(post, payload)
+            hooks["postToolCall"] = self._hook(post, payload).record
         record = self._record(
             call,
             ran.outcome,
@@ -205,11 +215,10 @@ class CallHandler:
             hooks=hooks,
         )
         result = ran.result
-        failure = None
         if result is not None and result.sandbox_failed:
-            failure = f"the sandbox failed: {result.error}"
+            return SandboxFailed(record, f"the sandbox failed: {result.error}")
         hit = bool(result and result.timed_out and time.monotonic() >= deadline - 0.01)
-        return CallResult(ran.answer, record, deadline_hit=hit, sandbox_failure=failure)
+        return Handled(ran.answer, record, deadline_hit=hit)
 
     def same_call_key(self, call: ToolCallRequest) -> str | None:
         """What makes two calls the same call for the rules that answer a call without running
@@ -230,7 +239,7 @@ class CallHandler:
             # read_skill runs nothing: it reads the agent's own skills, so it needs no consent.
             return Decision(True, "read_skill")
         return decide(
-            self.spec.yolo,
+            self.context.spec.yolo,
             self.agent.allow,
             prepared.tool,
             prepared.rendered_arguments,
@@ -240,9 +249,15 @@ class CallHandler:
 
     def _run_command(self, prepared: PreparedCall, timeout: float) -> _Ran:
         # Programs of the agent's folder run as they were read at start (SPEC 3).
-        programs = self.pristine.programs(prepared.workdir, prepared.argv)
-        result = self.executor.execute(
-            prepared.argv, prepared.workdir, prepared.env, timeout, self.cancel, programs=programs
+        context = self.context
+        programs = context.pristine.programs(prepared.workdir, prepared.argv)
+        result = context.executor.execute(
+            prepared.argv,
+            prepared.workdir,
+            prepared.env,
+            timeout,
+            context.cancel,
+            programs=programs,
         )
         outcome: Outcome = "ran"
         reason = None
@@ -269,32 +284,35 @@ class CallHandler:
     def _call_mcp(self, prepared: PreparedCall, timeout: float) -> _Ran:
         assert prepared.mcp is not None
         server: McpServerSpec = next(s for s in self.agent.mcp if s.name == prepared.mcp.server)
+        arguments: JsonObject = dict(prepared.arguments)
         try:
-            is_error, text = self.mcp.call_tool(
-                server, prepared.mcp.name, dict(prepared.arguments), timeout
-            )
+            answered = self.context.mcp.call_tool(server, prepared.mcp.name, arguments, timeout)
         except McpError as exc:
             # Whether the server acted before it failed is unknowable: count it as started.
             answer = self.masker.text(f"The tool could not be called: {exc}")
             return _Ran("error", str(exc), answer, True)
-        if is_error:
-            masked = self.masker.text(text)  # before the cut: a straddling secret leaks nothing
-            reason = f"the MCP tool answered an error: {head(masked, 500)}"
-            return _Ran("error", reason, masked, True)
-        return _Ran("ran", None, self.masker.text(text), True)
+        match answered:
+            case McpErrorAnswer(text):
+                masked = self.masker.text(text)  # before the cut: a straddling secret leaks nothing
+                reason = f"the MCP tool answered an error: {head(masked, 500)}"
+                return _Ran("error", reason, masked, True)
+            case McpAnswer(text):
+                return _Ran("ran", None, self.masker.text(text), True)
+            case unreachable:
+                assert_never(unreachable)
 
-    def _hook(
-        self, argv: tuple[str, ...], payload: dict[str, Any]
-    ) -> tuple[HookRecord, str | None]:
-        """Run a hook with the call as JSON on stdin: (its record, the refusal when it failed)."""
+    def _hook(self, argv: tuple[str, ...], payload: JsonObject) -> _HookRun:
+        """Run a hook with the call as JSON on stdin: its record, and the refusal when it
+        failed (a post-call hook's refusal refuses nothing: the call has run)."""
+        context = self.context
         data = json.dumps(self.masker.data(payload), ensure_ascii=True, default=str).encode()
         try:
-            program = self.pristine.hook_argv(self.agent.directory, argv)
+            program = context.pristine.hook_argv(self.agent.directory, argv)
         except MissingAtStartError as exc:
             record = HookRecord(argv, None, "", "", timed_out=False, error=str(exc))
-            return record, f"refused by the preToolCall hook: it could not run: {exc}"
-        result = self.hooks.execute(
-            program, self.agent.directory, {}, HOOK_TIMEOUT_S, self.cancel, stdin=data
+            return _HookRefused(record, f"refused by the preToolCall hook: it could not run: {exc}")
+        result = context.hooks.execute(
+            program, self.agent.directory, {}, HOOK_TIMEOUT_S, context.cancel, stdin=data
         )
         # Masked before the cut: a secret straddling it leaks no prefix.
         stdout = captured_text(result.stdout, self.masker).strip()
@@ -307,12 +325,15 @@ class CallHandler:
             error=result.error,
         )
         if result.error is not None:
-            return record, f"refused by the preToolCall hook: it could not run: {result.error}"
+            return _HookRefused(
+                record, f"refused by the preToolCall hook: it could not run: {result.error}"
+            )
         if result.timed_out:
-            return (
-                record,
-                f"refused by the preToolCall hook: it timed out after {HOOK_TIMEOUT_S:g} s",
+            return _HookRefused(
+                record, f"refused by the preToolCall hook: it timed out after {HOOK_TIMEOUT_S:g} s"
             )
         if result.exit_code != 0:
-            return record, stdout or f"refused by the preToolCall hook (exit {result.exit_code})"
-        return record, None
+            return _HookRefused(
+                record, stdout or f"refused by the preToolCall hook (exit {result.exit_code})"
+            )
+        return _HookPassed(record)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mm_batch.config.model import AnyOf, CallExpectation, Expect, ExpectedValue
+from mm_batch.jsontypes import JsonValue
 from mm_batch.run.records import Check, Status, ToolRecord
 from mm_batch.tools.coercion import same_value
 
@@ -61,7 +61,7 @@ class CheckRun:
     output: str
 
 
-def _args_match(want: CallExpectation, actual: Mapping[str, Any]) -> bool:
+def _args_match(want: CallExpectation, actual: Mapping[str, JsonValue]) -> bool:
     """Whether a call's coerced arguments hold the expected values, compared type-exactly (in
     Python `True == 1 == 1.0`, also inside an MCP tool's objects); a list: any one of these."""
     for key, expected in (want.args or {}).items():
@@ -176,17 +176,25 @@ def judge(
 _DURING_THE_RUN = frozenset({"no_unexpected_refusal"})
 
 
-def verdict(error: str | None, failure: str | None, checks: Sequence[Check]) -> tuple[Status, str]:
+@dataclass(frozen=True)
+class Verdict:
+    """A task run's status, and why (empty when it passed)."""
+
+    status: Status
+    reason: str
+
+
+def verdict(error: str | None, failure: str | None, checks: Sequence[Check]) -> Verdict:
     """error (could not be judged) > failed (the loop or a check) > passed. A failure's reason
     is its first cause, then what it led to: `<refusal>; then <loop detector: ...>`."""
     if error is not None:
-        return "error", error
+        return Verdict("error", error)
     unmet = [c for c in checks if not c.ok]
     causes = [c for c in unmet if c.name in _DURING_THE_RUN]
     first = "; ".join(f"{c.name}: {c.detail}" for c in causes)
     if failure is not None:
-        return "failed", f"{first}; then {failure}" if first else failure
+        return Verdict("failed", f"{first}; then {failure}" if first else failure)
     if unmet:
         rest = [c for c in unmet if c.name not in _DURING_THE_RUN]
-        return "failed", "; ".join(f"{c.name}: {c.detail}" for c in [*causes, *rest])
-    return "passed", ""
+        return Verdict("failed", "; ".join(f"{c.name}: {c.detail}" for c in [*causes, *rest]))
+    return Verdict("passed", "")

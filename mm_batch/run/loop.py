@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mm_batch.config.secrets import Masker
-from mm_batch.plan import RunSpec
-from mm_batch.run.calls import CallHandler
-from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, InFlight, timeout_reason, tool_running
+from mm_batch.jsontypes import JsonObject
+from mm_batch.run.calls import CallHandler, SandboxFailed
+from mm_batch.run.context import RunContext
+from mm_batch.run.in_flight import WAITING_FOR_THE_MODEL, timeout_reason, tool_running
 from mm_batch.run.judge import callless_turn, unfinished_turn
 from mm_batch.run.ports import (
-    ModelClient,
     ModelDeadlineError,
     ModelError,
     ModelRateLimitError,
@@ -37,12 +34,29 @@ SETTLES = "If that settles the request, answer in plain text, without calling a 
 
 
 @dataclass(frozen=True)
-class LoopEnd:
-    """How the loop ended: with an answer, with a failure, or unable to be judged (an error)."""
+class Answered:
+    """The model gave its final answer."""
 
+    answer: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The run failed (a limit, the loop detector, a turn that ended abnormally). `answer`: the
+    text of a turn that ended abnormally, judged (`answer_contains`) but not taken as given."""
+
+    reason: str
     answer: str | None = None
-    failure: str | None = None
-    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Errored:
+    """The run cannot be judged: interrupted, the model unreachable, the sandbox broken."""
+
+    reason: str
+
+
+LoopEnd = Answered | Failed | Errored
 
 
 def canonical_arguments(raw: str | None) -> str:
@@ -71,35 +85,26 @@ def _history_arguments(raw: str | None) -> str:
 
 
 class AgentLoop:
-    """Drives one task run's conversation; every record goes to `emit`."""
+    """Drives one task run's conversation; every record goes to the run's recorder."""
 
-    def __init__(
-        self,
-        spec: RunSpec,
-        client: ModelClient,
-        toolbox: Toolbox,
-        calls: CallHandler,
-        masker: Masker,
-        cancel: threading.Event,
-        emit: Callable[[Record], None],
-        in_flight: InFlight | None = None,
-    ) -> None:
-        self.spec = spec
-        self.client = client
+    def __init__(self, context: RunContext, toolbox: Toolbox, calls: CallHandler) -> None:
+        self.context = context
+        self.spec = context.spec
+        self.masker: Masker = context.masker
+        self.in_flight = context.in_flight
         self.toolbox = toolbox
         self.calls = calls
-        self.masker = masker
-        self.cancel = cancel
-        self.emit = emit
-        self.in_flight = in_flight or InFlight()
 
-    def _first_messages(self) -> list[dict[str, Any]]:
+    def emit(self, record: Record) -> None:
+        self.context.recorder.emit(record)
+
+    def _first_messages(self) -> list[JsonObject]:
         task = self.spec.task
         agent = task.agent
         system = [agent.system] if agent.system else []
         if "read_skill" in agent.builtins and agent.skills:
             system.append(skills_catalogue(agent))
-        messages: list[dict[str, Any]] = []
+        messages: list[JsonObject] = []
         if system:
             messages.append({"role": "system", "content": self.masker.text("\n\n".join(system))})
         messages.append({"role": "user", "content": self.masker.text(task.prompt)})
@@ -119,36 +124,38 @@ class AgentLoop:
         told = [str(m["content"]) for m in messages]
         answered_invalid: set[str] = set()  # same-call keys, read by the model: it may insist
         for _turn in range(task.max_turns):
-            if self.cancel.is_set():
-                return LoopEnd(error=INTERRUPTED)
+            if self.context.cancel.is_set():
+                return Errored(INTERRUPTED)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return LoopEnd(failure=timed_out)
+                return Failed(timed_out)
             with self.in_flight.doing(WAITING_FOR_THE_MODEL):
                 try:
-                    reply = self.client.complete(messages, schemas, remaining)
+                    reply = self.context.client.complete(messages, schemas, remaining)
                 except ModelRateLimitError as exc:  # a 429 whose wait passes the deadline
                     if exc.attempts:
                         self._record_unanswered(exc.attempts, exc.latency_s)
-                    return LoopEnd(failure=str(exc))
+                    return Failed(str(exc))
                 except ModelDeadlineError:
-                    return LoopEnd(failure=timeout_reason(task.timeout, self.in_flight.now()))
+                    return Failed(timeout_reason(task.timeout, self.in_flight.now()))
                 except ModelError as exc:
                     if time.monotonic() >= deadline:
-                        return LoopEnd(failure=timeout_reason(task.timeout, self.in_flight.now()))
-                    return LoopEnd(error=str(exc))
+                        return Failed(timeout_reason(task.timeout, self.in_flight.now()))
+                    return Errored(str(exc))
             self._record_model(reply)
             messages.append(self._assistant_message(reply))
             # Only a stop or a tool call ends a turn normally: a cut or filtered turn's calls
             # never run, and its text is no final answer (SPEC 6).
             unfinished = unfinished_turn(reply.finish_reason, bool(reply.tool_calls))
             if unfinished is not None:
-                return LoopEnd(answer=reply.text or "", failure=unfinished)
+                return Failed(unfinished, answer=reply.text or "")
             if not reply.tool_calls and reply.text and self.spec.settings.recover_text_tool_calls:
                 reply = self._with_text_calls(reply)
             if not reply.tool_calls:
                 callless = callless_turn(reply.finish_reason)
-                return LoopEnd(answer=reply.text or "", failure=callless)
+                if callless is not None:
+                    return Failed(callless, answer=reply.text or "")
+                return Answered(reply.text or "")
             invalid_now: set[str] = set()  # read by the model from its next turn
             for call in reply.tool_calls:
                 key = (call.name, canonical_arguments(call.raw_arguments))
@@ -160,7 +167,7 @@ class AgentLoop:
                         "the same arguments"
                     )
                     self.emit(self._loop_record(call, reason))
-                    return LoopEnd(failure=reason)
+                    return Failed(reason)
                 # Both rules below compare coerced arguments: {"n": 1} and {"n": "1"} are one
                 # call (None: the call is invalid, and no earlier call can be the same).
                 same = self.calls.same_call_key(call)
@@ -177,8 +184,8 @@ class AgentLoop:
                     result = self.calls.handle(call, deadline, said)
                     ran_for = self.in_flight.now()  # what the deadline found running, if it came
                 self.emit(result.record)
-                if result.sandbox_failure is not None:
-                    return LoopEnd(error=result.sandbox_failure)
+                if isinstance(result, SandboxFailed):
+                    return Errored(result.reason)
                 record = result.record
                 if record.outcome == "invalid" and same is not None:
                     invalid_now.add(same)
@@ -189,12 +196,12 @@ class AgentLoop:
                 if succeeded and same is not None and not self.calls.repeatable(call.name):
                     done = _Done(same, record, result.answer)
                 messages.append(self._result_message(call, result.answer, record.outcome))
-                if self.cancel.is_set():
-                    return LoopEnd(error=INTERRUPTED)
+                if self.context.cancel.is_set():
+                    return Errored(INTERRUPTED)
                 if result.deadline_hit or time.monotonic() >= deadline:
-                    return LoopEnd(failure=timeout_reason(task.timeout, ran_for))
+                    return Failed(timeout_reason(task.timeout, ran_for))
             answered_invalid |= invalid_now
-        return LoopEnd(failure=f"max_turns ({task.max_turns}) reached without a final answer")
+        return Failed(f"max_turns ({task.max_turns}) reached without a final answer")
 
     def _loop_record(self, call: ToolCallRequest, reason: str) -> ToolRecord:
         return ToolRecord(
@@ -203,7 +210,7 @@ class AgentLoop:
             arguments=None,
             outcome="loop",
             started=False,
-            where=self.calls.executor.where,
+            where=self.context.executor.where,
             recovered_from_text=call.recovered_from_text,
             reason=reason,
         )
@@ -220,7 +227,7 @@ class AgentLoop:
             reason=REPEAT_REASON,
         )
 
-    def _repeat_message(self, call: ToolCallRequest, earlier: str) -> dict[str, Any]:
+    def _repeat_message(self, call: ToolCallRequest, earlier: str) -> JsonObject:
         content = (
             f"This exact {call.name} call already ran just now, and it was not run again. "
             f"Its result:\n{earlier}"
@@ -238,7 +245,7 @@ class AgentLoop:
         )
         return dataclasses.replace(reply, tool_calls=calls)
 
-    def _result_message(self, call: ToolCallRequest, content: str, outcome: str) -> dict[str, Any]:
+    def _result_message(self, call: ToolCallRequest, content: str, outcome: str) -> JsonObject:
         if call.recovered_from_text:
             # The model's turn held no real tool call to answer: the history stays as it was,
             # and the result comes back as the next user message. A call that ran asks for
@@ -250,26 +257,30 @@ class AgentLoop:
             return {"role": "user", "content": f"{answered}\n\n{ANSWER_NOW}"}
         return {"role": "tool", "tool_call_id": call.id, "content": content}
 
-    def _assistant_message(self, reply: ModelReply) -> dict[str, Any]:
+    def _assistant_message(self, reply: ModelReply) -> JsonObject:
         text = None if reply.text is None else self.masker.text(reply.text)
         # The provider's own parts go back as they came (signed thinking blocks: SPEC 6).
-        parts = self.masker.data(dict(reply.provider_parts))
-        message: dict[str, Any] = {**parts, "role": "assistant", "content": text}
+        parts: JsonObject = self.masker.data(dict(reply.provider_parts))
+        message: JsonObject = {**parts, "role": "assistant", "content": text}
         if reply.tool_calls:
-            message["tool_calls"] = [
-                {
-                    **self.masker.data(dict(c.provider_fields)),
-                    "id": c.id,
-                    "type": "function",
-                    "function": {
-                        **self.masker.data(dict(c.provider_fields.get("function", {}))),
-                        "name": c.name,
-                        "arguments": self.masker.text(_history_arguments(c.raw_arguments)),
-                    },
-                }
-                for c in reply.tool_calls
-            ]
+            message["tool_calls"] = [self._call_message(c) for c in reply.tool_calls]
         return message
+
+    def _call_message(self, call: ToolCallRequest) -> JsonObject:
+        """A tool call as the history holds it, with the provider's own parts of it."""
+        fields: JsonObject = self.masker.data(dict(call.provider_fields))
+        function = fields.get("function")
+        inner: JsonObject = function if isinstance(function, dict) else {}
+        return {
+            **fields,
+            "id": call.id,
+            "type": "function",
+            "function": {
+                **inner,
+                "name": call.name,
+                "arguments": self.masker.text(_history_arguments(call.raw_arguments)),
+            },
+        }
 
     def _record_unanswered(self, attempts: int, latency_s: float) -> None:
         """The record of a turn whose requests got no answer (SPEC 7: its `attempts`); a

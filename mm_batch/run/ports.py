@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mm_batch.config.model import McpServerSpec
+from mm_batch.jsontypes import JsonObject, JsonValue
 
 # -- commands --------------------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ class ToolCallRequest:
     recovered_from_text: bool = False
     # The provider's own parts of this call, as they came (a Gemini thought signature): the
     # history sends them back unchanged (SPEC 6).
-    provider_fields: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    provider_fields: Mapping[str, JsonValue] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class ModelReply:
     # The assistant turn's provider-specific parts, as they came (Anthropic thinking blocks with
     # their signatures, Bedrock reasoning, Gemini thought signatures): the history sends them
     # back unchanged, or a reasoning model's next turn is refused (SPEC 6).
-    provider_parts: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    provider_parts: Mapping[str, JsonValue] = field(default_factory=dict, hash=False)
 
 
 class ModelError(Exception):
@@ -185,18 +186,35 @@ class McpTool:
     server: str
     name: str
     description: str
-    input_schema: dict[str, Any]
+    input_schema: JsonObject
 
     @property
     def exposed_name(self) -> str:
         return f"{self.server}_{self.name}"
 
 
+@dataclass(frozen=True)
+class McpAnswer:
+    """What an MCP tool answered: the text of its result."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class McpErrorAnswer:
+    """What an MCP tool answered, flagged by the tool as an error (`isError`): its text."""
+
+    text: str
+
+
+McpResult = McpAnswer | McpErrorAnswer
+
+
 class McpClient(Protocol):
     def list_tools(self, server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]: ...
 
     def call_tool(
-        self, server: McpServerSpec, name: str, arguments: dict[str, Any], timeout: float
-    ) -> tuple[bool, str]:
-        """(is_error, text of the result)."""
+        self, server: McpServerSpec, name: str, arguments: JsonObject, timeout: float
+    ) -> McpResult:
+        """Call a tool; a server that cannot be reached or does not answer raises McpError."""
         ...

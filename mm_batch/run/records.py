@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 from mm_batch.config.secrets import Masked, Masker, head_bytes
+from mm_batch.jsontypes import JsonObject, JsonValue
 
 Outcome = Literal["ran", "refused", "invalid", "timeout", "error", "loop"]
 Status = Literal["passed", "failed", "error"]
@@ -58,7 +59,7 @@ class Check:
     def masked(self, masker: Masker) -> Check:
         return Check(masker.text(self.name), self.ok, masker.text(self.detail))
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"check": self.name, "ok": self.ok, "detail": self.detail}
 
 
@@ -73,7 +74,7 @@ class HookRecord:
     timed_out: bool
     error: str | None
 
-    def as_json(self, masker: Masker) -> dict[str, Any]:
+    def as_json(self, masker: Masker) -> JsonObject:
         return {
             "argv": [masker.text(a) for a in self.argv],
             "exit_code": self.exit_code,
@@ -91,7 +92,7 @@ class ToolRecord:
     kind: ClassVar[Kind] = "tool"
     tool: str
     raw_arguments: str | None
-    arguments: Mapping[str, Any] | None
+    arguments: Mapping[str, JsonValue] | None  # coerced; None: the call was not valid
     outcome: Outcome
     started: bool
     where: str
@@ -108,11 +109,12 @@ class ToolRecord:
     truncated: bool = False  # the executor kept only the first bytes of a stream
     hooks: Mapping[str, HookRecord] = field(default_factory=dict)
 
-    def fields(self, masker: Masker) -> dict[str, Any]:
+    def fields(self, masker: Masker) -> JsonObject:
+        arguments: JsonObject | None = None if self.arguments is None else dict(self.arguments)
         return {
             "tool": masker.text(self.tool),
             "raw_arguments": _text(masker, self.raw_arguments),
-            "arguments": None if self.arguments is None else masker.data(dict(self.arguments)),
+            "arguments": masker.data(arguments),
             "outcome": self.outcome,
             "reason": _text(masker, self.reason),
             "rule": self.rule,
@@ -154,7 +156,7 @@ class ModelRecord:
     cost_usd: float | None = None  # None where litellm knows no price for the model
     cached: bool = False  # answered from the response cache (`run --cache`): cost 0
 
-    def fields(self, masker: Masker) -> dict[str, Any]:
+    def fields(self, masker: Masker) -> JsonObject:
         return {
             "latency_s": round(self.latency_s, 6),
             "prompt_tokens": self.prompt_tokens,
@@ -185,8 +187,8 @@ class TaskRecord:
     rerun: bool = False  # a run of `--rerun-failed`: it failed or erred in the results before
     traceback: str | None = None
 
-    def fields(self, masker: Masker) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def fields(self, masker: Masker) -> JsonObject:
+        data: JsonObject = {
             "status": self.status,
             "checks": [c.masked(masker).as_json() for c in self.checks],
             "duration_s": round(self.duration_s, 6),
@@ -271,7 +273,7 @@ def usage(result: RunResult, turns: Sequence[ModelRecord]) -> RunResult:
 class Recorder(Protocol):
     """Where record lines go (calls.jsonl in production, a list in tests)."""
 
-    def write(self, record: dict[str, Any]) -> None: ...
+    def write(self, record: JsonObject) -> None: ...
 
 
 class RunRecorder:
@@ -282,7 +284,7 @@ class RunRecorder:
     ) -> None:
         self._recorder = recorder
         self.masker = masker
-        self._identity = {
+        self._identity: JsonObject = {
             "run": masker.text(run),
             "task": masker.text(task),
             "model": masker.text(model),
@@ -313,7 +315,7 @@ class RunRecorder:
             return
         self._seq += 1
         self.records.append(record)
-        line = {
+        line: JsonObject = {
             "ts": timestamp(),
             **self._identity,
             "seq": self._seq,

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 import time
 import traceback
-from dataclasses import dataclass
+from typing import assert_never
 
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import RunSpec
 from mm_batch.run.calls import CallHandler
-from mm_batch.run.in_flight import InFlight, check_running
+from mm_batch.run.context import RunContext
+from mm_batch.run.in_flight import check_running
 from mm_batch.run.judge import CheckRun, judge, verdict
-from mm_batch.run.loop import INTERRUPTED, AgentLoop, LoopEnd
+from mm_batch.run.loop import INTERRUPTED, AgentLoop, Answered, Errored, Failed, LoopEnd
 from mm_batch.run.output import captured_text, echo
-from mm_batch.run.ports import (
-    Executor,
-    HookRunner,
-    McpClient,
-    McpError,
-    ModelClient,
-    SandboxError,
-)
-from mm_batch.run.pristine import MissingAtStartError, Pristine, replaced
+from mm_batch.run.ports import McpError, SandboxError
+from mm_batch.run.pristine import MissingAtStartError, replaced
 from mm_batch.run.records import (
     Check,
     RunRecorder,
@@ -35,16 +28,6 @@ from mm_batch.run.toolbox import Toolbox
 
 CHECK_TIMEOUT_S = 120.0
 CHECK_OUTPUT_SHOWN = 500
-
-
-@dataclass(frozen=True)
-class RunParts:
-    """What one task run talks to."""
-
-    client: ModelClient
-    executor: Executor
-    hooks: HookRunner
-    mcp: McpClient
 
 
 class _SandboxFailedError(Exception):
@@ -126,86 +109,70 @@ def _call_line(record: ToolRecord, masker: Masker) -> str:
 
 
 class TaskRun:
-    def __init__(
-        self,
-        spec: RunSpec,
-        parts: RunParts,
-        recorder: RunRecorder,
-        masker: Masker,
-        cancel: threading.Event,
-        pristine: Pristine,
-        in_flight: InFlight | None = None,
-    ) -> None:
-        self.spec = spec
-        self.parts = parts
-        self.recorder = recorder
-        self.masker = masker
-        self.cancel = cancel
-        self.pristine = pristine
-        self.in_flight = in_flight or InFlight()
+    def __init__(self, context: RunContext) -> None:
+        self.context = context
+        self.spec = context.spec
+        self.masker: Masker = context.masker
 
     def run(self) -> RunResult:
+        context = self.context
         started = time.monotonic()
         task = self.spec.task
         deadline = started + task.timeout
-        end = LoopEnd()
         trace: str | None = None
+        end: LoopEnd
         try:
             toolbox = self._open_toolbox()
-            calls = CallHandler(
-                self.spec,
-                toolbox,
-                self.parts.executor,
-                self.parts.hooks,
-                self.parts.mcp,
-                self.masker,
-                self.cancel,
-                self.pristine,
-            )
-            loop = AgentLoop(
-                self.spec,
-                self.parts.client,
-                toolbox,
-                calls,
-                self.masker,
-                self.cancel,
-                self.recorder.emit,
-                self.in_flight,
-            )
-            end = loop.run(deadline)
+            end = AgentLoop(context, toolbox, CallHandler(context, toolbox)).run(deadline)
         except McpError as exc:
-            end = LoopEnd(error=str(exc))
+            end = Errored(str(exc))
         except Exception as exc:
-            end = LoopEnd(error=internal_error(exc))
+            end = Errored(internal_error(exc))
             trace = traceback.format_exc()
+        answer: str | None = None
+        failure: str | None = None
+        error: str | None = None
+        match end:
+            case Answered(answer=answer):
+                pass
+            case Failed(reason=failure, answer=answer):
+                pass
+            case Errored(reason=error):
+                pass
+            case unreachable:
+                assert_never(unreachable)
         check_run = None
-        error = end.error
         if error is None and task.expect is not None and task.expect.check is not None:
             try:
-                with self.in_flight.doing(check_running(task.expect.check[0])):
+                with context.in_flight.doing(check_running(task.expect.check[0])):
                     check_run = self._run_check(task.expect.check)
             except _SandboxFailedError as exc:
                 error = str(exc)
-            if self.cancel.is_set():
+            if context.cancel.is_set():
                 error = INTERRUPTED
-        checks = judge(task.expect, self.recorder.tools(), end.answer, check_run)
-        status, reason = verdict(error, end.failure, checks)
+        checks = judge(task.expect, context.recorder.tools(), answer, check_run)
+        judged = verdict(error, failure, checks)
         return finish(
             self.spec,
-            self.recorder,
-            status,
-            reason,
+            context.recorder,
+            judged.status,
+            judged.reason,
             time.monotonic() - started,
             checks=tuple(checks),
-            answer=end.answer,
+            answer=answer,
             trace=trace,
         )
 
     def _open_toolbox(self) -> Toolbox:
         """List the MCP servers' tools; an expected MCP tool no server offers is an error."""
         agent = self.spec.task.agent
-        tools = [t for server in agent.mcp for t in self.parts.mcp.list_tools(server)]
+        tools = [t for server in agent.mcp for t in self.context.mcp.list_tools(server)]
         toolbox = Toolbox(agent, tools)
+        for tool in toolbox.shadowed:
+            self.context.notices.warn(
+                f"mm-batch: warning: MCP tool {tool.exposed_name} of server {tool.server} has "
+                "the name of a declared tool; the declared tool wins"
+            )
         expect = self.spec.task.expect
         if expect is not None:
             named = {c.tool for c in expect.calls} | set(expect.no_calls) | set(expect.refused)
@@ -218,9 +185,9 @@ class TaskRun:
     def _run_check(self, argv: tuple[str, ...]) -> CheckRun:
         """Run `check` where the tools run, from copies of its files read at start."""
         agent = self.spec.task.agent
-        executor = self.parts.executor
+        executor = self.context.executor
         try:
-            files = self.pristine.check_files(agent.directory, argv)
+            files = self.context.pristine.check_files(agent.directory, argv)
         except MissingAtStartError as exc:
             return CheckRun(None, str(exc))
         if files:
@@ -229,7 +196,7 @@ class TaskRun:
             except SandboxError as exc:
                 raise _SandboxFailedError(f"the sandbox failed during check: {exc}") from exc
             argv = replaced(argv, {i: copies[path] for i, (path, _) in files.items()})
-        result = executor.execute_check(argv, agent.directory, CHECK_TIMEOUT_S, self.cancel)
+        result = executor.execute_check(argv, agent.directory, CHECK_TIMEOUT_S, self.context.cancel)
         if result.sandbox_failed:
             raise _SandboxFailedError(f"the sandbox failed during check: {result.error}")
         if result.error is not None:

@@ -6,14 +6,14 @@ answers and consent are one piece of code whatever runs the call.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
 from mm_batch.config.secrets import Masker
+from mm_batch.jsontypes import JsonObject
 from mm_batch.run.ports import McpTool
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
 from mm_batch.tools.schema import model_schema
@@ -85,19 +85,22 @@ def read_skill_tool(agent: AgentConfig) -> ToolSpec:
 
 def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
     """An MCP tool as the model sees it: its schema's properties, required ones marked."""
-    properties = tool.input_schema.get("properties") or {}
-    required = set(tool.input_schema.get("required") or [])
+    properties = tool.input_schema.get("properties")
+    listed = tool.input_schema.get("required")
+    required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
     params = []
-    for name, raw in properties.items():
+    for name, raw in (properties if isinstance(properties, dict) else {}).items():
         prop = raw if isinstance(raw, dict) else {}
         enum = prop.get("enum")
+        # A null among the allowed values is no value a call can send (null is absent).
+        allowed = [v for v in enum if v is not None] if isinstance(enum, list) else []
         params.append(
             ParamSpec(
                 name=name,
                 type=_SCHEMA_TYPES.get(str(prop.get("type")), "json"),
                 description=str(prop.get("description") or prop.get("title") or ""),
                 required=name in required,
-                enum=tuple(enum) if isinstance(enum, list) and enum else None,
+                enum=tuple(allowed) if allowed else None,
                 default=prop.get("default"),
                 allow_dash=True,  # no argv: an MCP value cannot become an option
             )
@@ -152,9 +155,6 @@ def skills_catalogue(agent: AgentConfig) -> str:
     return "\n".join(lines)
 
 
-_warned: set[str] = set()
-
-
 class Toolbox:
     def __init__(self, agent: AgentConfig, mcp_tools: Sequence[McpTool] = ()) -> None:
         self.agent = agent
@@ -165,18 +165,15 @@ class Toolbox:
             kinds["bash"] = (bash_tool(agent.directory), "command", None)
         if "read_skill" in agent.builtins:
             kinds["read_skill"] = (read_skill_tool(agent), "skill", None)
+        shadowed: list[McpTool] = []
         for tool in mcp_tools:
             if tool.exposed_name in kinds:
-                if tool.exposed_name not in _warned:
-                    _warned.add(tool.exposed_name)
-                    print(
-                        f"mm-batch: warning: MCP tool {tool.exposed_name} of server "
-                        f"{tool.server} has the name of a declared tool; the declared tool wins",
-                        file=sys.stderr,
-                    )
+                shadowed.append(tool)
                 continue
             kinds[tool.exposed_name] = (mcp_tool_spec(tool, agent.directory), "mcp", tool)
         self._tools = kinds
+        # The MCP tools left out: a declared tool (or a built-in) has their name, and wins.
+        self.shadowed = tuple(shadowed)
 
     @property
     def names(self) -> list[str]:
@@ -203,7 +200,7 @@ class Toolbox:
             )
         return answer
 
-    def schemas(self, masker: Masker) -> list[dict[str, Any]]:
+    def schemas(self, masker: Masker) -> list[JsonObject]:
         """What the model is sent: each tool's schema, its descriptions masked (a secret can
         stand in one, where a parameter's example is written); names and types are structure,
         never touched."""

@@ -13,12 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from mm_batch.config.load import load_tasks
+from mm_batch.config.model import McpServerSpec
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.host import HostExecutor
+from mm_batch.jsontypes import JsonObject
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.run.batch import Effects, run_batch
 from mm_batch.run.ports import (
     Executor,
+    McpClient,
+    McpResult,
     McpTool,
     ModelError,
     ModelReply,
@@ -63,12 +67,12 @@ class ScriptedClient:
 
 
 class NoMcp:
-    def list_tools(self, server: Any, timeout: float = 30.0) -> list[McpTool]:
+    def list_tools(self, server: McpServerSpec, timeout: float = 30.0) -> list[McpTool]:
         raise AssertionError("no MCP server in this test")
 
     def call_tool(
-        self, server: Any, name: str, arguments: dict[str, Any], timeout: float
-    ) -> tuple[bool, str]:
+        self, server: McpServerSpec, name: str, arguments: JsonObject, timeout: float
+    ) -> McpResult:
         raise AssertionError("no MCP server in this test")
 
 
@@ -76,7 +80,7 @@ class NoMcp:
 class ListRecorder:
     lines: list[dict[str, Any]] = field(default_factory=list)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: JsonObject) -> None:
         self.lines.append(record)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
@@ -105,8 +109,11 @@ def run_tasks(
     cancel: threading.Event | None = None,
     overrides: Overrides | None = None,
     on_start: Callable[[str], None] = lambda _run_id: None,
+    mcp: McpClient | None = None,
+    warn: Callable[[str], None] = lambda _line: None,
 ) -> Outcome:
-    """Load, plan and run a tasks file in-process on scripted fakes."""
+    """Load, plan and run a tasks file in-process on scripted fakes (an MCP client only when
+    the test gives one)."""
     plan = make_plan(load_tasks(tasks_file), overrides or Overrides(models=("scripted/model",)))
     client = steps() if callable(steps) else ScriptedClient(steps)
 
@@ -118,7 +125,7 @@ def run_tasks(
     recorder = ListRecorder()
     pristine = Pristine.take({r.task.id: r.task for r in plan.runs}.values())
     masker = Masker([*secrets, *(s for a in plan.tasks_file.agents for s in a.secrets)])
-    effects = Effects(client_for, lambda _spec: executor(), HostExecutor(), NoMcp())
+    effects = Effects(client_for, lambda _spec: executor(), HostExecutor(), mcp or NoMcp())
     try:
         results = run_batch(
             plan,
@@ -128,6 +135,7 @@ def run_tasks(
             cancel or threading.Event(),
             pristine=pristine,
             on_start=on_start,
+            warn=warn,
         )
     finally:
         pristine.close()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import AnyOf, CallExpectation, Expect
-from mm_batch.run.judge import CheckRun, judge, verdict
+from mm_batch.run.judge import CheckRun, Verdict, judge, verdict
 from mm_batch.run.records import Check, Outcome, ToolRecord
 
 
@@ -125,10 +125,10 @@ def test_check_passes_only_on_exit_zero() -> None:
 
 def test_the_verdict_puts_error_before_failure_before_checks() -> None:
     bad = [Check("calls[0]", False, "nothing ran")]
-    assert verdict("engine down", "loop detector", bad) == ("error", "engine down")
-    assert verdict(None, "loop detector", bad) == ("failed", "loop detector")
-    assert verdict(None, None, bad) == ("failed", "calls[0]: nothing ran")
-    assert verdict(None, None, [Check("calls[0]", True, "")]) == ("passed", "")
+    assert verdict("engine down", "loop detector", bad) == Verdict("error", "engine down")
+    assert verdict(None, "loop detector", bad) == Verdict("failed", "loop detector")
+    assert verdict(None, None, bad) == Verdict("failed", "calls[0]: nothing ran")
+    assert verdict(None, None, [Check("calls[0]", True, "")]) == Verdict("passed", "")
 
 
 # -- argument matching: type-exact, and a list means any one of these ------------------------
@@ -227,8 +227,9 @@ def test_a_refusal_leads_the_reason_before_what_it_led_to(
     records = [replace(tool("deploy", "refused"), reason=REFUSED) for _ in range(refusals)]
     checks = [Check(name, False, "unmet") for name in others]
     checks += judge(None, records, None, None)
-    status, reason = verdict(None, ending, checks)
-    assert status == "failed"
+    result = verdict(None, ending, checks)
+    assert result.status == "failed"
+    reason = result.reason
     assert reason.startswith(f"no_unexpected_refusal: {REFUSED}")
     if ending is not None:
         assert reason.endswith(f"; then {ending}")

@@ -87,7 +87,8 @@ def test_without_bash_the_catalogue_does_not_send_the_model_to_bash(tmp_path: Pa
 def test_read_skill_says_when_to_call_it(tmp_path: Path) -> None:
     skill_agent(tmp_path)
     box = Toolbox(load_agent_file(tmp_path / "agent.yaml"))
-    (schema,) = [s for s in box.schemas(Masker([])) if s["function"]["name"] == "read_skill"]
+    schemas: list[dict[str, Any]] = box.schemas(Masker([]))  # JSON, read loosely
+    (schema,) = [s for s in schemas if s["function"]["name"] == "read_skill"]
     description = schema["function"]["description"]
     assert "before you act" in description.lower()
     assert "name of the skill" in description
