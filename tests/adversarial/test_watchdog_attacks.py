@@ -303,10 +303,9 @@ def test_a_goodbye_ends_the_watchdog_and_the_calls_left_behind(
     abandoned = groups("sleep 300")
     watchdog = Watchdog.spawn(owner.pid, containers=False)
     watchdog.register(abandoned.pid)
-    started = time.monotonic()
     watchdog.close()
+    # close() waits a bounded while (CLOSE_WAIT_S) and kills nothing: the watchdog left by itself.
     assert watchdog.process.returncode == 0
-    assert time.monotonic() - started < 1.0
     assert _gone_within(abandoned.pid, 1.0)
     assert owner.poll() is None  # the owner itself is never the watchdog's to touch
 

@@ -136,10 +136,9 @@ def test_the_wait_for_the_cpu_honours_the_task_deadline(
     busy = threading.Thread(target=local.complete, args=(SMALL,))
     busy.start()
     time.sleep(0.5)  # the small model's server computes now
-    asked = time.monotonic()
     with pytest.raises(ModelDeadlineError):
         local.complete(LARGE, timeout=0.5)
-    assert 0.5 <= time.monotonic() - asked < 1.2
+    assert busy.is_alive()  # it gave up at its deadline, not once the CPU was free
     busy.join()
     assert len(_calls(tmp_path)) == 1  # the large model's server was never asked
     # A request that waits, but within its deadline, counts the wait in its latency.
@@ -327,10 +326,10 @@ def test_a_server_stopped_mid_turn_saves_an_idle_slot_without_waiting(
     turn = threading.Thread(target=stopped_turn)
     turn.start()
     time.sleep(0.5)  # slot 0 computes now; slot 1 holds a prompt
-    asked = time.monotonic()
     local.effects.shutdown()
-    assert time.monotonic() - asked < 1.0  # the busy slot was not asked to save
     turn.join()
+    # Saving the busy slot would have waited for its turn to end (as llama-server does): the
+    # turn was cut by the stop instead, and the idle slot saved what was answered before it.
     assert cut, "the turn in flight should have been cut by the stop"
     assert json.loads(_saved(SMALL, tmp_path / "llama-server").read_text())["answered"] == 1
 
