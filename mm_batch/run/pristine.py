@@ -25,28 +25,37 @@ from mm_batch.run.ports import PinnedProgram
 
 MAX_PRISTINE_BYTES = 64 * 1024 * 1024  # a hook or check file larger than this is refused
 
-# Programs that run a script named by their first operand: per program, the options that take a
-# separate value (`python3 -W ignore x.py`), and those after which the code comes from the
-# command line or a module (`sh -c`, `python3 -m`): then no operand is a script.
-_SHELL = (frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}), frozenset({"-c"}))
-_INTERPRETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "python": (frozenset({"-W", "-X", "-Q"}), frozenset({"-c", "-m"})),
+
+@dataclass(frozen=True)
+class _Options:
+    """An interpreter's options that take a separate value (`python3 -W ignore x.py`), and
+    those after which the code comes from the command line or a module (`sh -c`, `python3
+    -m`): then no operand is a script."""
+
+    takes_value: frozenset[str]
+    code: frozenset[str]
+
+
+# Programs that run a script named by their first operand, and their options.
+_SHELL = _Options(frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}), frozenset({"-c"}))
+_INTERPRETERS: dict[str, _Options] = {
+    "python": _Options(frozenset({"-W", "-X", "-Q"}), frozenset({"-c", "-m"})),
     "sh": _SHELL,
     "bash": _SHELL,
     "dash": _SHELL,
     "ash": _SHELL,
     "zsh": _SHELL,
     "ksh": _SHELL,
-    "node": (
+    "node": _Options(
         frozenset({"-r", "--require", "--import", "--loader"}),
         frozenset({"-e", "--eval", "-p", "--print"}),
     ),
-    "perl": (frozenset({"-I", "-M", "-m"}), frozenset({"-e", "-E"})),
-    "ruby": (frozenset({"-I", "-r"}), frozenset({"-e"})),
-    "php": (frozenset({"-d", "-c"}), frozenset({"-r"})),
-    "lua": (frozenset({"-l"}), frozenset({"-e"})),
-    "Rscript": (frozenset(), frozenset({"-e"})),
-    "tclsh": (frozenset(), frozenset()),
+    "perl": _Options(frozenset({"-I", "-M", "-m"}), frozenset({"-e", "-E"})),
+    "ruby": _Options(frozenset({"-I", "-r"}), frozenset({"-e"})),
+    "php": _Options(frozenset({"-d", "-c"}), frozenset({"-r"})),
+    "lua": _Options(frozenset({"-l"}), frozenset({"-e"})),
+    "Rscript": _Options(frozenset(), frozenset({"-e"})),
+    "tclsh": _Options(frozenset(), frozenset()),
 }
 
 
@@ -106,7 +115,7 @@ def _inside(directory: Path, entry: str) -> bool:
     return written == directory or directory in written.parents
 
 
-def _interpreter(program: str) -> tuple[frozenset[str], frozenset[str]] | None:
+def _interpreter(program: str) -> _Options | None:
     """An interpreter's options with a value, and its code options (`python3.11` is python)."""
     name = program.rsplit("/", 1)[-1]
     base = name.rstrip("0123456789.")
@@ -129,7 +138,7 @@ def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
     options = _interpreter(argv[0])
     if options is None:
         return tuple(found)
-    takes_value, code = options
+    takes_value, code = options.takes_value, options.code
     i = 1
     while i < len(argv):
         entry = argv[i]
