@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -51,12 +50,10 @@ def test_an_unusable_provider_is_a_usage_error_in_every_command(
     out = tmp_path / "out"
     tasks = project(tmp_path, model)
     args = ("run", tasks, "--out", out) if command == "run" else (command, tasks)
-    started = time.monotonic()
     result = cli(*args)
-    assert result.code == 2, result.err
+    assert result.code == 2, result.err  # refused before any call: nothing to retry
     assert said in result.err and "nothing ran" in result.err
     assert not out.exists()
-    assert time.monotonic() - started < 30  # nothing retried
 
 
 @google_auth_missing
