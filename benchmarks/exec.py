@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.docker import DockerSandbox, connect
@@ -63,7 +64,7 @@ def main() -> int:
     try:
         sandbox = DockerSandbox(client, spec, workdir, "bench-exec")
         sandbox.start()
-        container = sandbox.container
+        container: Any = sandbox.container  # the SDK's: exec_run is none of mm-batch's requests
 
         same_home = DockerSandbox(client, spec, workdir, "bench-exec-same-home")
         same_home.fresh_home_per_call = False

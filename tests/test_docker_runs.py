@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from mm_batch.effects.docker import LABEL, LABEL_PID_NS, LABEL_RUN, _pid_namespace
+from mm_batch.effects.docker import LABEL, LABEL_PID_NS, LABEL_RUN, pid_namespace
 from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.docker_support import (
@@ -235,7 +235,7 @@ def _labelled(client: Any, run: str, pid: int, start: str) -> Any:
             LABEL_RUN: run,
             LABEL_PID: str(pid),
             LABEL_PID_START: start,
-            LABEL_PID_NS: _pid_namespace(),
+            LABEL_PID_NS: pid_namespace(),
             LABEL_HOST: socket.gethostname(),
         },
     )

@@ -3,7 +3,6 @@ which never imports litellm), and host or Docker executors."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
@@ -16,6 +15,7 @@ import click
 from mm_batch.config.local_catalog import local_model
 from mm_batch.config.secrets import Masker, masker_of
 from mm_batch.effects.cache import FolderCache, cache_use, install, open_folder, uninstall
+from mm_batch.effects.docker import DockerSandboxes
 from mm_batch.effects.gguf import ensure_gguf
 from mm_batch.effects.host import HostExecutor
 from mm_batch.effects.litellm import LiteLLMClient, load_litellm, start_litellm_import
@@ -34,87 +34,7 @@ from mm_batch.run.ports import (
     ModelDeadlineError,
     ModelError,
     ModelReply,
-    SandboxError,
 )
-
-
-class _DockerSandboxes:
-    """Connects to the engine once (removing orphans of killed runs), and tracks live sandboxes."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self._out_dir = out_dir  # a copied workspace leaves the results folder out
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._failure: SandboxError | None = None
-        self._live: set[Any] = set()
-
-    def _connect(self) -> Any:
-        from mm_batch.effects.docker import connect, remove_orphans
-
-        with self._lock:
-            if self._failure is not None:
-                raise self._failure
-            if self._client is None:
-                try:
-                    self._client = connect()
-                except SandboxError as exc:
-                    self._failure = exc
-                    raise
-                remove_orphans(self._client)
-            return self._client
-
-    def prepare(self) -> None:
-        """Connect now (on a thread, while litellm imports); a failure waits for `open`."""
-        with contextlib.suppress(SandboxError):
-            self._connect()
-
-    def open(self, spec: RunSpec) -> Executor:
-        from mm_batch.effects.docker import DockerSandbox
-
-        sandbox = DockerSandbox(
-            self._connect(),
-            spec.sandbox,
-            spec.task.agent.directory,
-            spec.run_id,
-            out_dir=self._out_dir,
-        )
-        with self._lock:
-            self._live.add(sandbox)
-        try:
-            # A missing image, or a folder that does not fit, fails the run now: before the
-            # model is asked, not at its first call.
-            sandbox.start()
-        except BaseException:
-            sandbox.close()
-            self.forget(sandbox)
-            raise
-        return _Tracked(sandbox, self)
-
-    def forget(self, sandbox: Any) -> None:
-        with self._lock:
-            self._live.discard(sandbox)
-
-    def close_all(self) -> None:
-        with self._lock:
-            live, self._live = list(self._live), set()
-        for sandbox in live:
-            sandbox.close()
-
-
-class _Tracked:
-    """A sandbox that leaves the live set when closed."""
-
-    def __init__(self, sandbox: Any, owner: _DockerSandboxes) -> None:
-        self._sandbox = sandbox
-        self._owner = owner
-        self.where = sandbox.where
-        self.execute = sandbox.execute
-        self.execute_check = sandbox.execute_check
-        self.protect = sandbox.protect
-
-    def close(self) -> None:
-        self._sandbox.close()
-        self._owner.forget(self._sandbox)
 
 
 class _LocalServers:
@@ -257,7 +177,7 @@ def default_effects(plan: Plan, out_dir: Path, masker: Masker | None = None) -> 
     start_watchdog(containers=any(run.sandbox.kind == "docker" for run in plan.runs))
     clients: dict[str, ModelClient] = {}
     lock = threading.Lock()
-    sandboxes = _DockerSandboxes(out_dir)
+    sandboxes = DockerSandboxes(out_dir)
     local = _LocalServers(plan, masker, cache_folder)
 
     def client_for(spec: RunSpec) -> ModelClient:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from mm_batch.config.model import Expect, SandboxSpec
-from mm_batch.effects import docker as docker_effects
 from mm_batch.effects.docker import DockerSandbox
+from mm_batch.effects.docker import sweep as docker_sweep
 from mm_batch.effects.host import HostExecutor
 from mm_batch.run.judge import CheckRun, judge
 from mm_batch.run.ports import ExecResult, Executor, PinnedProgram
@@ -107,7 +107,7 @@ def test_a_sweep_that_finds_processes_left_makes_the_call_a_sandbox_failure(
 ) -> None:
     assert sh(box, tmp_path, "true").exit_code == 0
     # What the sweep says when a process of the uid outlived every pass.
-    monkeypatch.setattr(docker_effects, "_SWEEP", "echo 'left 4242'; exit 3")
+    monkeypatch.setattr(docker_sweep, "_SWEEP", "echo 'left 4242'; exit 3")
     assert sh(box, tmp_path, "true").exit_code == 0  # this call's sweep now fails
     result = sh(box, tmp_path, "touch ran-after")
     assert result.sandbox_failed and not result.started
@@ -142,13 +142,15 @@ def test_a_tool_can_neither_trace_nor_signal_a_check_or_root(
     base_box: DockerSandbox, tmp_path: Path
 ) -> None:
     base_box.start()
-    client, container = base_box.client, base_box.container_id
+    # The SDK's client: these execs are none of the sandbox's own requests.
+    client: Any = base_box.client
+    container = base_box.container_id
     # A check's process and root's (the sweep's kind), running while a tool attacks them.
     for user in ("65532:65532", "0:0"):
         exec_id = client.api.exec_create(container, ["sleep", "60"], user=user)["Id"]
         client.api.exec_start(exec_id, detach=True)
     time.sleep(0.5)
-    listing = base_box._run(
+    listing = base_box.engine.run(
         [
             "sh",
             "-c",

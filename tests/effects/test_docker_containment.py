@@ -23,7 +23,7 @@ from mm_batch.effects.docker import (
     LABEL_PID_NS,
     LABEL_RUN,
     DockerSandbox,
-    _pid_namespace,
+    pid_namespace,
     remove_orphans,
 )
 from mm_batch.effects.watchdog import LABEL_HOST, LABEL_PID, LABEL_PID_START
@@ -322,11 +322,13 @@ def test_protect_places_copies_the_tools_cannot_change(docker_client: Any, agent
 def _during_the_call(box: DockerSandbox, action: Callable[[Any], None]) -> Any:
     """Run `sleep 300` in the box; once it runs, do `action` to its container from outside."""
 
+    sdk: Any = box.client  # the SDK's client: `top` is none of the sandbox's own requests
+
     def strike() -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):
-                top = box.client.api.top(box.container_id)
+                top = sdk.api.top(box.container_id)
                 if any("sleep 300" in " ".join(p) for p in top.get("Processes") or []):
                     action(box)
                     return
@@ -436,7 +438,7 @@ def test_the_orphan_scan_never_raises_and_leaves_what_it_cannot_judge(docker_cli
             LABEL_PID: "-1",
             LABEL_PID_START: "1",
             LABEL_HOST: socket.gethostname(),
-            LABEL_PID_NS: _pid_namespace(),
+            LABEL_PID_NS: pid_namespace(),
         },
     ]
     made = [
@@ -452,7 +454,7 @@ def test_the_orphan_scan_never_raises_and_leaves_what_it_cannot_judge(docker_cli
             LABEL_PID: "999999999",
             LABEL_PID_START: "1",
             LABEL_HOST: socket.gethostname(),
-            LABEL_PID_NS: _pid_namespace(),
+            LABEL_PID_NS: pid_namespace(),
         },
     )["Id"]
 

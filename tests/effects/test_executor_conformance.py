@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.model import SandboxSpec
+from mm_batch.effects.docker import DockerClient
 from mm_batch.effects.host import LOG_LIMIT, HostExecutor
 from mm_batch.run.ports import ExecResult, Executor
 from tests.docker_support import TEST_IMAGE
@@ -219,7 +220,7 @@ def test_where(sandbox: tuple[Executor, Path]) -> None:
 
 @pytest.mark.docker
 def test_workdir_outside_the_agent_directory_is_an_error_of_the_call(
-    docker_client: object, tmp_path: Path
+    docker_client: DockerClient, tmp_path: Path
 ) -> None:
     from mm_batch.effects.docker import DockerSandbox
 

@@ -1,0 +1,184 @@
+"""What a call leaves behind, cleared before the next one starts: the verified sweep of its
+processes, then the reset of the places outside the workspace it could write, and a fresh HOME.
+
+`exec_run` has no timeout and closing its stream leaves the process running, so what a call
+leaves running (and a timed-out call) is killed by the sweep: a root exec whose only capability
+is CAP_KILL (the container holds no other; tools run as a non-root uid, so they hold none)
+scans /proc, SIGKILLs every process of the tools' uid until a scan finds none, and says so. No
+tool process can signal, stop or trace it (another uid, no capability), so its word is the
+runtime's: a call whose processes it cannot end makes the task run an error.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from mm_batch.effects.docker.engine import ENGINE_TIMEOUT_S, ROOT, Engine
+from mm_batch.effects.docker.stream import Background, EngineError
+from mm_batch.effects.docker.workspace import Copies
+from mm_batch.run.ports import SandboxError
+
+KILL_TRIES_S = 5.0
+# Each pass lists the processes of the uid ($1) and SIGKILLs them; a pass that finds none prints
+# `clean`. Zombies are dead already (docker-init reaps them). `kill` may be the shell's built-in
+# and its status is not trusted: only the next pass's count is. The shell's own pid is skipped;
+# it runs as root, never the uid swept.
+_SWEEP = r"""
+u=$1; n=0
+while :; do
+  left=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    s=; r=; e=
+    { while read -r k a b c; do
+        case $k in State:) s=$a ;; Uid:) r=$a; e=$b; break ;; esac
+      done <"$d/status"; } 2>/dev/null
+    [ "$r" = "$u" ] || [ "$e" = "$u" ] || continue
+    [ "$s" = Z ] || [ "$s" = X ] || left="$left $p"
+  done
+  [ -z "$left" ] && { echo clean; exit 0; }
+  n=$((n + 1))
+  [ $n -gt 300 ] && { echo "left$left"; exit 3; }
+  kill -9 $left 2>/dev/null
+done
+"""
+# Run as the tools' uid once the sweep found none of their processes: empty /tmp, /dev/shm and
+# /dev/mqueue, the places outside the workspace a tool can write (what a call left there:
+# dotfiles, .pth files, caches, POSIX shared memory, semaphores and queues); remove every SysV
+# IPC object (message queues with their messages, shared memory, semaphores), then read the
+# kernel's own list of them again; make the next call's HOME and TMPDIR ($1), then say which
+# program copies ($2 $3, ... pairs of copy and original) the originals still equal. Prints
+# `ready` at the end; `kept WHAT` for what could not be removed, and `no ipcrm` when the image
+# lacks the program that removes SysV objects.
+# The container has an IPC namespace of its own, where only tools and checks make objects, and
+# checks run last: whatever is listed was made by the tools' uid, whose processes may remove
+# it (the creator may, whoever it made the owner since), and no root exec of ours could (that
+# needs CAP_SYS_ADMIN). The second reading uses the shell alone: a missing or lying `ipcrm`
+# cannot make it say clean.
+_RESET = r"""
+h=$1; shift
+cd / || exit 4
+for d in /tmp /dev/shm /dev/mqueue; do
+  for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    [ -d "$f" ] && [ ! -L "$f" ] && chmod -R u+rwx "$f" 2>/dev/null
+    rm -rf "$f" 2>/dev/null
+    { [ -e "$f" ] || [ -L "$f" ]; } && echo "kept $f"
+  done
+done
+for k in msg:q shm:m sem:s; do
+  t=${k%:*}; f=/proc/sysvipc/$t; a=
+  [ -e "$f" ] || continue
+  { read -r _; while read -r _ i _; do a="$a -${k#*:} $i"; done; } <"$f"
+  if [ -n "$a" ]; then
+    command -v ipcrm >/dev/null 2>&1 || echo "no ipcrm"
+    ipcrm $a >/dev/null 2>&1
+  fi
+  { read -r _; while read -r _ i _; do echo "kept SysV $t $i"; done; } <"$f" || echo "kept $f"
+done
+mkdir -m 700 "$h" && mkdir -m 700 "$h/tmp" || exit 5
+while [ $# -ge 2 ]; do
+  [ -f "$2" ] && cmp -s "$1" "$2" 2>/dev/null && echo "same $1"
+  shift 2
+done
+echo ready
+"""
+
+
+def fresh_home() -> str:
+    """A name for a call's HOME that no call can guess (and so cannot have made)."""
+    return f"/tmp/.mm-batch-home-{secrets.token_hex(16)}"
+
+
+def sweep(engine: Engine, uid: int) -> None:
+    """SIGKILL every process of `uid` from a root exec holding CAP_KILL, until a pass finds
+    none; raises EngineError when some are left (the call then fails the task run).
+
+    Under a fork bomb the sweep's exec may find no free pid (the runtime then starts
+    nothing, Pid 0): it is tried again while the bomb's processes come and go.
+    """
+    give_up = time.monotonic() + KILL_TRIES_S
+    while True:
+        done = engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
+        if done.pid != 0:
+            break
+        if time.monotonic() >= give_up:
+            raise EngineError("the calls' processes could not be killed (no free pid)")
+        time.sleep(0.05)
+    said = done.stdout.decode(errors="replace").strip()
+    if done.exit_code != 0 or said != "clean":
+        raise EngineError(f"processes of uid {uid} are still alive after the sweep ({said[:200]})")
+
+
+class Sweeper:
+    """Sweeps after each call of the tools (their uid, `user`) off the caller's path, and makes
+    the next call's HOME (`home`); the next call (or check) waits for both, and fails if they
+    failed."""
+
+    def __init__(self, engine: Engine, user: str, uid: int, image: str, copies: Copies) -> None:
+        self._engine = engine
+        self._user = user
+        self._uid = uid
+        self._image = image
+        self._copies = copies
+        self._background: Background | None = None
+        self._failure: str | None = None
+        # Each call's HOME (and TMPDIR below it): made after the previous call's sweep.
+        self.home = fresh_home()
+
+    def later(self, reset: bool) -> None:
+        """Sweep what the call left running and, when `reset`, make the next call's HOME."""
+        if self._engine.container is None:
+            return
+        self._background = Background(lambda: self._sweep_and_reset(reset))
+
+    def settle(self) -> None:
+        """Wait for the previous call's sweep: no call may start while another's processes live."""
+        background, self._background = self._background, None
+        if background is not None:
+            if not background.wait(2 * (ENGINE_TIMEOUT_S + KILL_TRIES_S)):
+                self._failure = "the previous call's processes could not be stopped in time"
+            elif background.failure is not None:
+                self._failure = background.failure
+        if self._failure is not None:
+            raise SandboxError(
+                f"what the previous call left could not be cleared away: {self._failure}"
+            )
+
+    def _sweep_and_reset(self, reset: bool) -> None:
+        sweep(self._engine, self._uid)
+        if not reset:
+            return
+        pairs = self._copies.program_pairs()
+        # The swept processes count against the pids limit until init reaps them: after a fork
+        # bomb, the reset may find no pid for a moment. Tried again, with a new HOME's name,
+        # while the sweep's own tries would be.
+        give_up = time.monotonic() + KILL_TRIES_S
+        while True:
+            home = fresh_home()
+            done = self._engine.run(["/bin/sh", "-c", _RESET, "reset", home, *pairs], self._user)
+            lines = done.stdout.decode(errors="replace").splitlines()
+            if done.pid != 0 and done.exit_code == 0 and lines and lines[-1] == "ready":
+                break
+            detail = "; ".join(lines[:3]) or f"exit {done.exit_code}"
+            no_pid = done.pid == 0 or "can't fork" in detail or "temporarily unavailable" in detail
+            if not no_pid or time.monotonic() >= give_up:
+                raise EngineError(f"cannot make a fresh HOME for the next call ({detail})")
+            time.sleep(0.05)
+        kept = [line.removeprefix("kept ") for line in lines if line.startswith("kept ")]
+        if kept:
+            hint = (
+                f"; image {self._image} has no ipcrm program, which removes them: add it "
+                "(util-linux or busybox)"
+                if "no ipcrm" in lines
+                else ""
+            )
+            raise EngineError(
+                f"what a call left in {', '.join(kept[:3])} could not be removed{hint}"
+            )
+        self._copies.same = {
+            line.removeprefix("same ") for line in lines if line.startswith("same ")
+        }
+        self.home = home
