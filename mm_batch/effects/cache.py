@@ -1,49 +1,61 @@
-"""The model response cache: a folder of JSON files, one per request, read and written by
-litellm's own caching (its per-request controls make the modes). litellm 1.110 ships no disk
-backend any more, so this module is that backend.
+"""The model response cache: a `ModelClient` around any other (`CachedClient`: litellm's, the
+local models' own, a test's fake) that answers a request it has answered before from a folder
+of JSON files, one per request, and keeps what the client it wraps answered. A request is
+keyed by what it asks (`request_key`), never by where it is sent.
 
 The folder is input like any other, and may come from anywhere (a CI cache, a checkout): a file
 that cannot be used, whatever it holds, is a miss and the model is asked; nothing in it is ever
-unpickled or executed, and no read can block or take unbounded memory.
+unpickled or executed, and no read can block or take unbounded memory. An entry holds a chat
+completion in OpenAI's shape, as litellm's own caching wrote them before: a folder filled then
+is read now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import secrets
 import stat
 import tempfile
 import threading
-from collections import Counter
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import click
 
 from mm_batch.config.model import CacheMode, CacheSettings
 from mm_batch.config.paths import display_path
 from mm_batch.config.secrets import Masker
+from mm_batch.effects.model_calls import (
+    CALL_PARTS,
+    Messages,
+    ToolSchemas,
+    TurnClient,
+    completion_problem,
+    field,
+    provider_finish,
+    read_reply,
+)
 from mm_batch.errors import UsageError
-from mm_batch.report.files import ResultsFolder
+from mm_batch.jsontypes import JsonObject, JsonValue
+from mm_batch.run.ports import ModelReply
 
 FORMAT = "mm-batch-cache/1"
 MAX_ENTRY_BYTES = 32 * 1024 * 1024  # far above any completion: a bigger file is not ours
 # Where and how a request is sent, not what it asks: a local model's server listens on a new
-# port each run, and a timeout or a key changes no reply. Everything else litellm is given is
-# in the key, provider-specific options too.
+# port each run, and a timeout or a key changes no reply. Everything else the client is given
+# is in the key, provider-specific options too.
 UNKEYED_OPTIONS = frozenset({"api_base", "base_url", "api_key", "timeout", "num_retries"})
-# litellm's per-request cache controls: "no-cache" skips the lookup, "no-store" the write.
-_CONTROLS: dict[CacheMode, dict[str, bool]] = {
-    "read": {"no-store": True},
-    "write": {"no-cache": True},
-    "readwrite": {},
-}
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+_FILE_MODE = 0o666  # less the umask, like any file the user writes
 
 
 @dataclass(frozen=True)
@@ -61,9 +73,9 @@ def cache_use(settings: CacheSettings | None, repeat: int) -> CacheUse | None:
 
 def request_key(
     model: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    options: Mapping[str, Any],
+    messages: Messages,
+    tools: ToolSchemas,
+    options: Mapping[str, object],
     repeat: int = 1,
 ) -> str:
     """The cache key: a digest of the request as it matters (model, messages, tools, and the
@@ -82,22 +94,7 @@ def request_key(
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
-def cache_kwargs(
-    use: CacheUse | None,
-    model: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    options: Mapping[str, Any],
-) -> dict[str, Any]:
-    """What `litellm.completion` gets for the cache: nothing when it is off; else our key (in
-    place of litellm's, which leaves provider-specific options out) and the mode's controls."""
-    if use is None:
-        return {}
-    return {
-        "caching": True,
-        "cache": dict(_CONTROLS[use.mode]),
-        "cache_key": request_key(model, messages, tools, options, use.repeat),
-    }
+# -- an entry: a chat completion ------------------------------------------------------------
 
 
 def _read_entry(path: Path) -> bytes:
@@ -114,85 +111,137 @@ def _read_entry(path: Path) -> bytes:
     return data
 
 
-def _response(entry: object, key: str) -> dict[str, Any] | None:
-    """The stored completion, when the entry is one this module wrote for this key."""
+def _counts_problem(usage: object) -> bool:
+    """Token counts that are neither a number nor missing: litellm refused such an entry."""
+    counts = (field(usage, name) for name in ("prompt_tokens", "completion_tokens"))
+    return any(not isinstance(count, int | float | None) for count in counts)
+
+
+def _stored_completion(entry: object, key: str) -> JsonObject | None:
+    """The stored completion, when the entry is one this module wrote for this key and it
+    reads as a completion."""
     if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
         return None
     response = entry.get("response")
     if not isinstance(response, dict) or "detail" in response:  # litellm: "detail" is an error
         return None
-    choices = response.get("choices")
-    if not isinstance(choices, list) or not choices:
+    if completion_problem(response) is not None or _counts_problem(response.get("usage")):
         return None
-    if not all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
-        return None
-    for choice in choices:
-        # litellm stores its name for the finish ("stop") and the provider's word beside it,
-        # which it drops when it replays the entry: replayed, the provider's word is read again
-        # (SPEC 6: a cut answer must fail on a replay as it did when the model was asked).
-        fields = choice.get("provider_specific_fields")
-        native = fields.get("native_finish_reason") if isinstance(fields, dict) else None
-        if isinstance(native, str):
-            choice["finish_reason"] = native
     return response
 
 
-class FolderCache:
-    """litellm's cache backend: `<key>.json` in one folder, each written atomically.
+def _free(_prompt_tokens: int | None, _completion_tokens: int | None) -> float | None:
+    return 0.0
 
-    `check` builds litellm's response object from a stored completion: litellm does so outside
-    its own error handling, so an entry is handed over only once it is known to convert."""
 
-    def __init__(
-        self, folder: ResultsFolder, check: Callable[[dict[str, Any]], object], masker: Masker
-    ) -> None:
+def stored_reply(response: JsonObject, latency_s: float) -> ModelReply:
+    """A stored completion as the reply it was: answered from the cache, at no cost. Its
+    finish reason is the provider's word where litellm stored its own name for a normal end
+    beside it (SPEC 6: a cut answer must fail on a replay as it did when the model was asked);
+    a `ModelError` where it is no reply."""
+    return read_reply(
+        response,
+        latency_s,
+        1,
+        finish=provider_finish,
+        cost=_free,
+        cached=True,
+        keep_provider_parts=True,
+    )
+
+
+def completion_of(reply: ModelReply) -> JsonObject:
+    """A reply as the chat completion it came as: what the cache stores of it, read back by
+    `stored_reply` as the same reply (its provider parts included, which the next turn sends
+    back, so that the next request's key is the same on a replay)."""
+    message: JsonObject = {"role": "assistant", "content": reply.text}
+    message.update(reply.provider_parts)
+    if reply.tool_calls:
+        calls: list[JsonValue] = []
+        for call in reply.tool_calls:
+            parts = dict(call.provider_fields)
+            inner = parts.pop("function", None)
+            function: JsonObject = {"name": call.name, "arguments": call.raw_arguments}
+            if isinstance(inner, dict):
+                function.update(inner)
+            stored: JsonObject = {"id": call.id, "type": "function", "function": function}
+            stored.update((k, v) for k, v in parts.items() if k in CALL_PARTS)
+            calls.append(stored)
+        message["tool_calls"] = calls
+    usage: JsonObject = {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+    }
+    choice: JsonObject = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
+    return {"object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+# -- the folder and its entries --------------------------------------------------------------
+
+
+class CacheFolder:
+    """The cache folder opened once: entries are read by name, and written through the folder
+    opened at start, atomically, never through a link (a tool may swap the folder mid-run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC)
+
+    def read(self, name: str) -> bytes:
+        return _read_entry(self.path / name)
+
+    def write(self, name: str, text: str) -> None:
+        """Write beside the entry, then rename over it."""
+        temporary = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(temporary, _WRITE_FLAGS, _FILE_MODE, dir_fd=self._fd)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=self._fd)
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class ResponseStore:
+    """The entries of a cache folder, `<key>.json` each, shared by every client of a run: what
+    cannot be used or stored is said once on stderr, never raised into a run."""
+
+    def __init__(self, folder: CacheFolder, masker: Masker) -> None:
         self.folder = folder
-        self._check = check
         self._masker = masker
         self._lock = threading.Lock()
         self._warned: set[str] = set()
-        self._served: Counter[str] = Counter()  # keys answered from the folder, not yet claimed
 
-    def served(self, key: str) -> bool:
-        """Whether the folder answered a request of this key (once for each time it did)."""
-        with self._lock:
-            if self._served[key] <= 0:
-                return False
-            self._served[key] -= 1
-            return True
-
-    def get_cache(self, key: object, **_: object) -> dict[str, Any] | None:
-        if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+    def get(self, key: str, started: float) -> ModelReply | None:
+        """The reply stored for `key` (its latency counted from `started`), or None: a miss."""
+        if not _KEY_RE.fullmatch(key):
             return None
         name = f"{key}.json"
         try:
-            response = _response(json.loads(_read_entry(self.folder.path / name)), key)
+            response = _stored_completion(json.loads(self.folder.read(name)), key)
             if response is not None:
-                self._check(response)
+                return stored_reply(response, time.monotonic() - started)
         except FileNotFoundError:
             return None  # a plain miss
-        except Exception:  # a link, a FIFO, deep nesting, a shape litellm cannot convert
-            response = None
-        if response is None:
-            self._warn(name, f"the cache entry {name} cannot be used; the model is asked instead")
-        else:
-            with self._lock:
-                self._served[key] += 1
-        return response
+        except Exception:  # a link, a FIFO, deep nesting, a shape that reads as no reply
+            pass
+        self._warn(name, f"the cache entry {name} cannot be used; the model is asked instead")
+        return None
 
-    def set_cache(self, key: object, value: object, **kwargs: object) -> None:
-        if not isinstance(key, str) or not _KEY_RE.fullmatch(key) or not isinstance(value, dict):
+    def put(self, key: str, reply: ModelReply, model: str) -> None:
+        if not _KEY_RE.fullmatch(key):
             return
-        response = value.get("response")
         try:
-            if isinstance(response, str):  # litellm hands the completion over as JSON text
-                response = json.loads(response)
-            entry = {
-                "format": FORMAT,
-                "key": key,
-                "model": kwargs.get("model"),
-                "response": response,
-            }
+            entry = {"format": FORMAT, "key": key, "model": model, "response": completion_of(reply)}
             # A provider may echo a secret it was sent (a key in an error text): masked, as in
             # every file mm-batch writes.
             text = json.dumps(self._masker.data(entry), ensure_ascii=True, indent=1, sort_keys=True)
@@ -200,7 +249,7 @@ class FolderCache:
                 self._warn("", "a model reply too large for the cache is not stored")
                 return
             self.folder.write(f"{key}.json", text + "\n")
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             self._warn("", f"a model reply cannot be stored in the cache: {exc}")
 
     def _warn(self, topic: str, message: str) -> None:
@@ -212,7 +261,42 @@ class FolderCache:
         click.echo(f"mm-batch: {message}", err=True)
 
 
-def open_folder(settings: CacheSettings) -> ResultsFolder:
+class CachedClient:
+    """A `ModelClient` whose replies are kept in the response cache. read: a hit answers, a
+    miss asks the client and stores nothing; write: always asks, and stores; readwrite: both.
+    A hit costs nothing, and waits for no server, retry or turn on the CPU."""
+
+    def __init__(
+        self,
+        client: TurnClient,
+        store: ResponseStore,
+        use: CacheUse,
+        model: str,
+        options: Mapping[str, object],
+    ) -> None:
+        """`model` and `options`: what the key is made of besides the turn, as litellm was
+        given them for the same request (a local model as `hosted_vllm/<name>`), so that a
+        folder filled by either client is read by both."""
+        self._client = client
+        self._store = store
+        self._use = use
+        self._model = model
+        self._options = dict(options)
+
+    def complete(self, messages: Messages, tools: ToolSchemas, timeout: float) -> ModelReply:
+        started = time.monotonic()
+        key = request_key(self._model, messages, tools, self._options, self._use.repeat)
+        if self._use.mode != "write":
+            stored = self._store.get(key, started)
+            if stored is not None:
+                return stored
+        reply = self._client.complete(messages, tools, timeout)
+        if self._use.mode != "read":
+            self._store.put(key, reply, self._model)
+        return reply
+
+
+def open_folder(settings: CacheSettings) -> CacheFolder:
     """The cache folder, resolved and opened once at start; a `UsageError` when it cannot
     serve its mode (read: a folder to read; otherwise one to create and write in)."""
     given = display_path(settings.folder)
@@ -230,59 +314,7 @@ def open_folder(settings: CacheSettings) -> ResultsFolder:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=folder):
                 pass
-        return ResultsFolder(folder)
+        return CacheFolder(folder)
     except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of links, before 3.13
         reason = getattr(exc, "strerror", None) or exc
         raise UsageError(f"the cache folder {given} cannot be used ({reason})") from None
-
-
-def _tolerate_missing_proxy(handler: Any) -> None:
-    """litellm 1.110 imports its proxy server (FastAPI, an extra mm-batch does not install) on
-    every cache hit, only to ask whether the reply is a stream to replay: mm-batch never
-    streams, so where that import fails the answer is no."""
-    original = handler._should_defer_streaming_cache_hit_callbacks
-    if getattr(original, "mm_batch_tolerant", False):
-        return
-
-    def tolerant(*, cached_result: object) -> bool:
-        try:
-            return bool(original(cached_result=cached_result))
-        except ImportError:
-            return False
-
-    tolerant.mm_batch_tolerant = True  # type: ignore[attr-defined]
-    handler._should_defer_streaming_cache_hit_callbacks = tolerant
-
-
-def install(litellm: Any, folder: ResultsFolder, masker: Masker) -> FolderCache:
-    """Make the folder litellm's cache for this process (every request: no message limit)."""
-    from litellm.caching import caching_handler
-    from litellm.caching.caching import Cache
-    from litellm.litellm_core_utils.llm_response_utils.convert_dict_to_response import (
-        convert_to_model_response_object,
-    )
-    from litellm.types.utils import ModelResponse
-
-    _tolerate_missing_proxy(caching_handler)
-
-    def check(response: dict[str, Any]) -> object:
-        return convert_to_model_response_object(
-            response_object=response, model_response_object=ModelResponse()
-        )
-
-    backend = FolderCache(folder, check, masker)
-    # Duck-typed: a BaseCache subclass would import litellm along with this module.
-    litellm.cache = Cache(_backend=cast(Any, backend), max_messages=None)
-    return backend
-
-
-def uninstall(litellm: Any, folder: ResultsFolder) -> None:
-    """The process's litellm has no cache again; the folder is closed."""
-    litellm.cache = None
-    folder.close()
-
-
-def served(litellm: Any, key: str) -> bool:
-    """Whether the installed cache answered a request of this key (see `FolderCache.served`)."""
-    backend = getattr(litellm.cache, "cache", None)
-    return isinstance(backend, FolderCache) and backend.served(key)

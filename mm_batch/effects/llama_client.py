@@ -9,9 +9,6 @@ instead: the prompt rendered by the model's own template with the tools as it li
 (`/apply-template`), then a completion (`/completion`) bound by a grammar that admits a plain
 answer or one compact call of a declared tool (`tools.call_grammar`); its text is read back as
 the chat endpoint's, for the loop's text rescue to take the call.
-
-Also the response cache around any such client (`CachedClient`): the same folder, entries and
-keys as litellm's cache of the same model (`effects.cache`), without litellm.
 """
 
 from __future__ import annotations
@@ -22,14 +19,22 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mm_batch.config.model import OWN_MODEL_OPTIONS, ToolSpec
 from mm_batch.config.secrets import Masker
-from mm_batch.effects.cache import CacheUse, FolderCache, request_key
-from mm_batch.effects.model_calls import DEFAULT_RETRIES, Retries, ask, field, read_reply, text_of
+from mm_batch.effects.model_calls import (
+    DEFAULT_RETRIES,
+    Messages,
+    Retries,
+    ToolSchemas,
+    ask,
+    completion_problem,
+    field,
+    read_reply,
+    text_of,
+)
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
-from mm_batch.run.ports import ModelClient, ModelError, ModelReply
+from mm_batch.run.ports import ModelError, ModelReply
 from mm_batch.tools.call_grammar import LEVELS, Level, call_grammar, tool_shapes
 
 # Far above any completion (a 1 MiB answer is cut in the records anyway): a bigger body is not
@@ -68,15 +73,12 @@ class MalformedReplyError(Exception):
 
 
 def request_body(
-    model: str,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    options: Mapping[str, Any],
-) -> dict[str, Any]:
+    model: str, messages: Messages, tools: ToolSchemas, options: Mapping[str, object]
+) -> dict[str, object]:
     """The body litellm sends an OpenAI-compatible server (`hosted_vllm/`) for the same turn:
     the model's name, the messages without their null fields, the options (those of
     `extra_body` among them), and the tools when there are any."""
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "model": model,
         "messages": [{k: v for k, v in m.items() if v is not None} for m in messages],
     }
@@ -136,33 +138,6 @@ def post_json(url: urllib.parse.SplitResult, body: bytes, timeout: float) -> obj
         raise MalformedReplyError(f"a reply that is not JSON ({type(exc).__name__})") from exc
 
 
-def _shape_problem(response: object) -> str | None:
-    """Why a completion's JSON is not one (what litellm refuses to read as one), or None."""
-    choices = field(response, "choices")
-    if not isinstance(response, dict) or not isinstance(choices, list) or not choices:
-        return "it has no choices"
-    if not isinstance(response.get("usage"), dict | None):
-        return "its usage is not an object"
-    for choice in choices:
-        message = field(choice, "message")
-        if not isinstance(choice, dict) or not isinstance(message, dict):
-            return "its choice has no message"
-        if not isinstance(message.get("content"), str | None):
-            return "its content is not text"
-        calls = message.get("tool_calls")
-        if not isinstance(calls, list | None):
-            return "its tool_calls are not a list"
-        for call in calls or ():
-            function = field(call, "function")
-            if not isinstance(function, dict):
-                return "a tool call has no function"
-            if not isinstance(function.get("name"), str | None):
-                return "a tool call's name is not text"
-            if not isinstance(function.get("arguments"), str | dict | None):
-                return "a tool call's arguments are neither text nor an object"
-    return None
-
-
 def native_finish(choice: object) -> str | None:
     """The finish reason as the server sent it, read as litellm reads an OpenAI-compatible
     server's: none at all is a stop (as OpenAI's API says), and a stop with tool calls is
@@ -181,7 +156,7 @@ def unpriced(_prompt_tokens: int | None, _completion_tokens: int | None) -> floa
 
 def reply_of(response: object, latency_s: float, attempts: int, *, cached: bool) -> ModelReply:
     """A completion's JSON as a `ModelReply`; one that is not a completion is a `ModelError`."""
-    problem = _shape_problem(response)
+    problem = completion_problem(response)
     if problem is not None:
         raise ModelError(f"the model sent a malformed response: {problem}")
     if isinstance(response, dict) and response.get("usage") is None:
@@ -217,7 +192,7 @@ class CallGrammar:
 
 
 def grammar_of(
-    options: Mapping[str, Any],
+    options: Mapping[str, object],
     declared: Sequence[ToolSpec],
     *,
     rescue: bool,
@@ -229,20 +204,22 @@ def grammar_of(
     a value that is no level."""
     value = options.get(GRAMMAR_OPTION, False)
     value = DEFAULT_LEVEL if value in (True, "true", "on") else value
-    off = value in (False, "off", "false")
-    if not off and value not in LEVELS:
+    if value in (False, "off", "false"):
+        return None
+    level = next((level for level in LEVELS if level == value), None)
+    if level is None:
         raise ModelError(
             f"model option {GRAMMAR_OPTION} must be true, false or one of {', '.join(LEVELS)}, "
             f"got {str(value)[:40]!r}"
         )
-    return None if off or not rescue else CallGrammar(value, tuple(declared), tuple(also))
+    return CallGrammar(level, tuple(declared), tuple(also)) if rescue else None
 
 
 def native_body(
-    prompt: str, tools: list[dict[str, Any]], grammar: CallGrammar, options: Mapping[str, Any]
-) -> dict[str, Any]:
+    prompt: str, tools: ToolSchemas, grammar: CallGrammar, options: Mapping[str, object]
+) -> dict[str, object]:
     """The `/completion` request of a turn: the rendered prompt, the grammar, the options."""
-    body: dict[str, Any] = {}
+    body: dict[str, object] = {}
     for key, value in request_body("", [], [], options).items():
         if key not in ("model", "messages"):
             body[_NATIVE_NAMES.get(key, key)] = value
@@ -284,7 +261,7 @@ class LlamaClient:
         self,
         api_base: str,
         model: str,
-        options: Mapping[str, Any],
+        options: Mapping[str, object],
         *,
         masker: Masker,
         timeout: float = DEFAULT_MODEL_TIMEOUT_S,
@@ -306,9 +283,7 @@ class LlamaClient:
         self.timeout = timeout
         self.retries = retries
 
-    def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
-    ) -> ModelReply:
+    def complete(self, messages: Messages, tools: ToolSchemas, timeout: float) -> ModelReply:
         """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
         started = time.monotonic()
         if tools and self.grammar is not None:
@@ -325,11 +300,7 @@ class LlamaClient:
         return reply_of(response, time.monotonic() - started, attempt, cached=False)
 
     def _bound(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-        deadline: float,
-        started: float,
+        self, messages: Messages, tools: ToolSchemas, deadline: float, started: float
     ) -> ModelReply:
         """A turn with tools, rendered by the server's template and bound by the grammar; both
         requests are one try, retried together."""
@@ -356,66 +327,3 @@ class LlamaClient:
         )
         completion = chat_completion_of(response)
         return reply_of(completion, time.monotonic() - started, attempt, cached=False)
-
-
-def completion_of(reply: ModelReply) -> dict[str, Any]:
-    """A reply as the chat completion a server sends: what the cache stores of it, readable
-    by litellm's cache as by this module's."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.raw_arguments},
-            }
-            for call in reply.tool_calls
-        ]
-    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}
-    return {
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
-        "usage": usage,
-    }
-
-
-class CachedClient:
-    """A `ModelClient` whose replies are kept in the response cache (`FolderCache`), keyed as
-    litellm keys the same model's (`request_key`): a folder written by either is read by both.
-    read: a hit answers, a miss asks the client and stores nothing; write: always asks, and
-    stores; readwrite: both. A hit costs nothing and waits for no server."""
-
-    def __init__(
-        self,
-        client: ModelClient,
-        store: FolderCache,
-        use: CacheUse,
-        model: str,
-        options: Mapping[str, Any],
-    ) -> None:
-        """`model` and `options`: as litellm would have been given them (the key's material)."""
-        self._client = client
-        self._store = store
-        self._use = use
-        self._model = model
-        self._options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
-
-    def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
-    ) -> ModelReply:
-        started = time.monotonic()
-        key = request_key(self._model, messages, tools, self._options, self._use.repeat)
-        if self._use.mode != "write":
-            stored = self._store.get_cache(key)
-            # Only the cache's own word says a reply came from it, never the reply's body.
-            if stored is not None and self._store.served(key):
-                return reply_of(stored, time.monotonic() - started, 1, cached=True)
-        reply = self._client.complete(messages, tools, timeout)
-        if self._use.mode != "read":
-            self._store.set_cache(key, {"response": completion_of(reply)}, model=self._model)
-        return reply
-
-
-def check_entry(response: dict[str, Any]) -> object:
-    """`FolderCache`'s check of a stored completion: it reads as a reply, or it raises."""
-    return reply_of(response, 0.0, 1, cached=True)

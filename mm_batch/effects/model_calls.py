@@ -16,12 +16,13 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from mm_batch.config.secrets import Masker, folded, head
+from mm_batch.jsontypes import JsonValue
 from mm_batch.run import threads
 from mm_batch.run.ports import (
     ModelDeadlineError,
@@ -45,6 +46,18 @@ _DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 REASON_LIMIT = 300  # characters of a provider's error in a reason
 
 T = TypeVar("T")
+
+# A turn's chat messages and tool schemas in OpenAI's shape, as the run built them: JSON, read
+# only, sent on as it is (in a request body, a cache key, to litellm).
+Messages: TypeAlias = Sequence[Mapping[str, JsonValue]]
+ToolSchemas: TypeAlias = Sequence[Mapping[str, JsonValue]]
+
+
+class TurnClient(Protocol):
+    """A model client as effects/ writes them: `run.ports.ModelClient`, taking the turn read
+    only (any sequence of mappings), so that one client can wrap another (`cache.CachedClient`)."""
+
+    def complete(self, messages: Messages, tools: ToolSchemas, timeout: float) -> ModelReply: ...
 
 
 class _SharedBackoff:
@@ -272,7 +285,7 @@ def _wait(seconds: float, deadline: float, sleep: Callable[[float], None]) -> No
 # -- a completion read as a reply ------------------------------------------------------------
 
 
-def field(part: object, name: str) -> Any:
+def field(part: object, name: str) -> object:
     """A field of a part of a completion: a key of a JSON object as a server sent it, or an
     attribute of litellm's object for it; nothing of any other JSON value."""
     if isinstance(part, dict):
@@ -284,6 +297,66 @@ def field(part: object, name: str) -> Any:
 
 def text_of(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+# What providers say of a turn that ended normally, which litellm rightly calls "stop" or
+# "tool_calls". Whatever else it calls so is no normal end (SPEC 6): a reason litellm does not
+# know (`model_length`, `max_output_tokens`, one a provider adds) or one it folds into "stop"
+# (`ERROR`, `MALFORMED_FUNCTION_CALL`, `network_error`); the provider's word is kept for it.
+NORMAL_NATIVE_FINISHES = frozenset(
+    {
+        *("stop", "tool_calls", "function_call"),  # OpenAI and the servers compatible with it
+        *("end_turn", "stop_sequence", "tool_use"),  # Anthropic, Bedrock
+        *("COMPLETE", "STOP_SEQUENCE", "TOOL_CALL"),  # Cohere
+        *("eos", "eos_token"),  # Hugging Face, Together AI
+        "STOP",  # Gemini, Vertex AI
+    }
+)
+# litellm's names of a normal end.
+LITELLM_NORMAL = ("stop", "tool_calls", "function_call")
+
+
+def provider_finish(choice: object, folded: Sequence[str] = ()) -> str | None:
+    """A turn's finish reason in the provider's own words where litellm would have said
+    "stop" or "tool_calls" for something else (noted as it mapped, in `folded`, or kept by
+    litellm as `native_finish_reason`, also in a reply stored in the response cache);
+    otherwise litellm's name (`length`, `content_filter`)."""
+    given = field(choice, "finish_reason")
+    if given is None:
+        return None
+    reason = str(given)
+    if reason not in LITELLM_NORMAL:
+        return reason
+    native = field(field(choice, "provider_specific_fields"), "native_finish_reason")
+    said = (*(() if native is None else (str(native),)), *folded)
+    return next((word for word in said if word not in NORMAL_NATIVE_FINISHES), reason)
+
+
+def completion_problem(response: object) -> str | None:
+    """Why a completion's JSON is not one (what litellm refuses to read as one), or None."""
+    choices = field(response, "choices")
+    if not isinstance(response, dict) or not isinstance(choices, list) or not choices:
+        return "it has no choices"
+    if not isinstance(response.get("usage"), dict | None):
+        return "its usage is not an object"
+    for choice in choices:
+        message = field(choice, "message")
+        if not isinstance(choice, dict) or not isinstance(message, dict):
+            return "its choice has no message"
+        if not isinstance(message.get("content"), str | None):
+            return "its content is not text"
+        calls = message.get("tool_calls")
+        if not isinstance(calls, list | None):
+            return "its tool_calls are not a list"
+        for call in calls or ():
+            function = field(call, "function")
+            if not isinstance(function, dict):
+                return "a tool call has no function"
+            if not isinstance(function.get("name"), str | None):
+                return "a tool call's name is not text"
+            if not isinstance(function.get("arguments"), str | dict | None):
+                return "a tool call's arguments are neither text nor an object"
+    return None
 
 
 # A token count past this is no count (and JSON readers in JavaScript lose its digits).
@@ -323,7 +396,7 @@ MESSAGE_PARTS = ("thinking_blocks", "reasoning_content", "provider_specific_fiel
 CALL_PARTS = ("provider_specific_fields",)
 
 
-def _plain(value: object, depth: int = 0) -> object:
+def _plain(value: object, depth: int = 0) -> JsonValue:
     """JSON-like data of a part as litellm holds it (its pydantic objects as their fields);
     what is not data (or nests past any reply's depth) is left out."""
     if depth > 64:
@@ -343,10 +416,10 @@ def _plain(value: object, depth: int = 0) -> object:
     return None
 
 
-def provider_parts(part: object, names: tuple[str, ...]) -> dict[str, Any]:
+def provider_parts(part: object, names: tuple[str, ...]) -> dict[str, JsonValue]:
     """The named provider-specific fields of a message or tool call, as data; empty ones
     (litellm's `None`, an empty object or list) left out."""
-    kept: dict[str, Any] = {}
+    kept: dict[str, JsonValue] = {}
     for name in names:
         value = _plain(field(part, name))
         if value is not None and value not in ({}, []):
@@ -354,7 +427,7 @@ def provider_parts(part: object, names: tuple[str, ...]) -> dict[str, Any]:
     return kept
 
 
-def _call_parts(call: object) -> dict[str, Any]:
+def _call_parts(call: object) -> dict[str, JsonValue]:
     """A tool call's provider fields, with its function's under `function`."""
     parts = provider_parts(call, CALL_PARTS)
     inner = provider_parts(field(call, "function"), CALL_PARTS)
@@ -366,7 +439,7 @@ def read_reply(
     latency_s: float,
     attempts: int,
     *,
-    finish: Callable[[Any], str | None],
+    finish: Callable[[object], str | None],
     cost: Callable[[int | None, int | None], float | None],
     cached: bool = False,
     keep_provider_parts: bool = False,

@@ -18,7 +18,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mm_batch.config.local_catalog import local_model
 from mm_batch.errors import UsageError
@@ -60,7 +59,7 @@ def _litellm_dir() -> Path | None:
     return Path(origin).parent if origin else None
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -106,7 +105,7 @@ def _installed(module: str) -> bool:
         return False
 
 
-def provider_of(model: str, options: Mapping[str, Any]) -> str | None:
+def provider_of(model: str, options: Mapping[str, object]) -> str | None:
     """The provider litellm would use, where its prefix or `custom_llm_provider` says it."""
     given = options.get("custom_llm_provider")
     if isinstance(given, str) and given:
@@ -115,7 +114,7 @@ def provider_of(model: str, options: Mapping[str, Any]) -> str | None:
     return prefix if slash else None
 
 
-def provider_problem(model: str, options: Mapping[str, Any]) -> str | None:
+def provider_problem(model: str, options: Mapping[str, object]) -> str | None:
     """Why litellm cannot use `model` at all, or None (also where this cannot tell)."""
     if local_model(model) is not None:
         return None  # asked by mm-batch's own client
@@ -154,7 +153,7 @@ def _litellm_version() -> str:
         return "(not installed)"
 
 
-def provider_problems(models: Iterable[tuple[str, Mapping[str, Any]]]) -> list[str]:
+def provider_problems(models: Iterable[tuple[str, Mapping[str, object]]]) -> list[str]:
     """Each distinct problem of the plan's models, in plan order."""
     seen: dict[str, None] = {}
     for model, options in models:

@@ -33,7 +33,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import http.client
 
 # The labels docker.py puts on a run's containers (a test pins them to its constants).
 LABEL_PID = "mm-batch.pid"
@@ -146,7 +149,7 @@ def _wait_for_death(pid: int, start: str) -> None:
 # -- the engine, over its socket (the docker SDK would cost a second to import) --------------
 
 
-def _engine_connection(timeout: float) -> Any:
+def _engine_connection(timeout: float) -> http.client.HTTPConnection | None:
     """An HTTP connection to the engine DOCKER_HOST names (unix or plain tcp), else None."""
     import http.client
 

@@ -319,11 +319,11 @@ def test_a_damaged_entry_is_a_miss_and_the_model_is_asked(
     assert len(server.requests) == asked + 1
 
 
-def test_a_reply_too_deep_to_store_is_not_stored_and_the_run_goes_on(
+def test_a_reply_with_a_field_nested_too_deep_is_stored_as_the_run_read_it(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
-    """A hostile model nests a field 600 levels deep: the reply is used, it cannot be stored
-    (said, not raised), and the next run asks again rather than replaying half of it."""
+    """A hostile model nests a field 600 levels deep: the reply is used, and the cache stores
+    the reply the run read (the nesting never reaches the folder); the next run replays it."""
     tasks = _suite(tmp_path / "suite")
     deep = "[" * 600 + "]" * 600
     body = (
@@ -343,9 +343,10 @@ def test_a_reply_too_deep_to_store_is_not_stored_and_the_run_goes_on(
     for out in ("out1", "out2"):
         result = _run(cli, tasks, server, tmp_path / out, "--cache", cache)
         assert result.code == 0, result.err
-    assert [t["cached"] for t in _turns(tmp_path / "out2")] == [True, False]
-    assert len(server.requests) == 3
-    assert len(_entries(cache)) == 1
+    assert [t["cached"] for t in _turns(tmp_path / "out2")] == [True, True]
+    assert len(server.requests) == 2
+    assert len(_entries(cache)) == 2
+    assert all("[[[" not in entry.read_text() for entry in _entries(cache))
 
 
 def test_a_reply_too_big_to_replay_is_not_written(

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.secrets import NO_SECRETS
-from mm_batch.effects.litellm import NORMAL_NATIVE_FINISHES, LiteLLMClient, load_litellm
+from mm_batch.effects.litellm import LiteLLMClient, load_litellm
+from mm_batch.effects.model_calls import NORMAL_NATIVE_FINISHES
 from mm_batch.run.judge import unfinished_turn
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,

@@ -1,5 +1,6 @@
-"""The model response cache, end to end: the CLI, litellm's own caching, the scripted server,
-and a real tool script that counts its runs in a marker file.
+"""The model response cache, end to end: the CLI, the cache around the model client, the
+scripted server, and a real tool script that counts its runs in a marker file; and the cache
+alone, around a fake client.
 
 The task asks for one tool call, then answers: two model turns. The second turn's request holds
 the tool's output, so a tool that prints something else makes that turn a new request.
@@ -7,17 +8,21 @@ the tool's output, so a tool that prints something else makes that turn a new re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mm_batch.config.model import CacheSettings
+from mm_batch.config.model import CacheMode, CacheSettings
 from mm_batch.config.secrets import Masker
 from mm_batch.effects import cache as cache_module
-from mm_batch.effects.litellm import load_litellm
+from mm_batch.effects.model_calls import Messages, ToolSchemas
+from mm_batch.jsontypes import JsonObject
+from mm_batch.run.ports import ModelReply, ToolCallRequest
 from mm_batch.testing.fake_openai import FakeOpenAI, Script, by_prompt, text, tool_call
 from tests.helpers import Cli, CliResult, Fake, check_report, read_calls, write
 from tests.helpers import priced_model_args as _model
@@ -210,14 +215,15 @@ def test_write_mode_never_reads_and_stores_every_reply(
     server = fake_model(_script())
     cache = tmp_path / "cache"
     assert _run(cli, tasks, server, tmp_path / "out1", "--cache", cache).code == 0
-    before = {p.name: p.read_text() for p in _entries(cache)}
+    before = {p.name: p.stat().st_ino for p in _entries(cache)}
     result = _run(cli, tasks, server, tmp_path / "out2", "--cache", cache, "--cache-mode", "write")
     assert result.code == 0, result.err
     assert len(server.requests) == 4  # every turn asked again
     assert [t["cached"] for t in _turns(tmp_path / "out2")] == [False, False]
-    after = {p.name: p.read_text() for p in _entries(cache)}
+    after = {p.name: p.stat().st_ino for p in _entries(cache)}
     assert after.keys() == before.keys()
-    assert after != before  # each entry rewritten with the new reply (a new completion id)
+    # Each entry rewritten with the new reply: a new file renamed over the old one.
+    assert all(after[name] != before[name] for name in before)
 
 
 def test_the_tasks_file_names_the_cache_and_the_cli_overrides_it(
@@ -366,30 +372,177 @@ def test_no_secret_reaches_the_cache(
     assert SECRET.encode() not in stored
 
 
-def test_the_backend_hands_litellm_only_entries_it_wrote(
+def test_the_store_reads_only_entries_it_wrote(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The backend alone: a key that is not ours reads nothing, a write lands atomically as
-    JSON beside nothing else, what it hands back converts, and a write that fails is said
-    once, never raised into the run."""
-    load_litellm()
+    """The store alone: a key that is not ours reads nothing, a write lands atomically as
+    JSON beside nothing else, what it hands back is the reply it stored, and a write that
+    fails is said once, never raised into the run."""
     folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "readwrite"))
+    store = cache_module.ResponseStore(folder, Masker([]))
     try:
-        backend = cache_module.install(load_litellm(), folder, Masker([]))
         key = cache_module.request_key("m", [{"role": "user", "content": "hi"}], [], {})
-        reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "yo"}}]}
-        backend.set_cache(key, {"timestamp": 1.0, "response": json.dumps(reply)}, model="m")
+        reply = ModelReply("yo", (), "stop", 3, 2, 0.5, attempts=2, cost_usd=0.01)
+        store.put(key, reply, "m")
         assert [p.name for p in (tmp_path / "c").iterdir()] == [f"{key}.json"]
-        assert backend.get_cache(key) == reply
-        assert backend.get_cache("../" + key) is None
-        assert backend.get_cache(key.upper()) is None
+        hit = store.get(key, time.monotonic())
+        assert hit is not None and hit.cached and hit.cost_usd == 0.0 and hit.attempts == 1
+        assert (hit.text, hit.finish_reason, hit.prompt_tokens) == ("yo", "stop", 3)
+        assert store.get("../" + key, time.monotonic()) is None
+        assert store.get(key.upper(), time.monotonic()) is None
         for path in (tmp_path / "c").iterdir():
             path.unlink()
         (tmp_path / "c").rmdir()  # gone mid-run
         for _ in range(2):
-            backend.set_cache(key, {"timestamp": 1.0, "response": json.dumps(reply)}, model="m")
+            store.put(key, reply, "m")
         assert capsys.readouterr().err.count("cannot be stored in the cache") == 1
-        assert backend.get_cache(key) is None
+        assert store.get(key, time.monotonic()) is None
     finally:
-        cache_module.uninstall(load_litellm(), folder)
-    assert load_litellm().cache is None
+        folder.close()
+
+
+# -- the cache as a client around any client -------------------------------------------------
+
+
+class Fixed:
+    """A model client that answers every turn with one reply, counting the turns it was asked."""
+
+    def __init__(self, reply: ModelReply) -> None:
+        self.reply = reply
+        self.asked = 0
+
+    def complete(self, messages: Messages, tools: ToolSchemas, timeout: float) -> ModelReply:
+        self.asked += 1
+        return self.reply
+
+
+THINKING: JsonObject = {
+    "thinking_blocks": [{"type": "thinking", "thinking": "hm", "signature": "c2ln"}]
+}
+SIGNED: JsonObject = {"provider_specific_fields": {"thought_signature": "abc"}}
+ODD_REPLY = ModelReply(
+    text=None,
+    tool_calls=(
+        ToolCallRequest("c0", "probe", '{"x": 1}', provider_fields={**SIGNED, "function": SIGNED}),
+        ToolCallRequest("c1", "", ""),
+    ),
+    finish_reason="MALFORMED_FUNCTION_CALL",
+    prompt_tokens=None,
+    completion_tokens=7,
+    latency_s=1.5,
+    attempts=3,
+    cost_usd=0.25,
+    provider_parts=THINKING,
+)
+
+
+@pytest.mark.parametrize("mode", ["read", "write", "readwrite"])
+def test_any_client_is_cached_and_a_replay_is_the_reply_it_was(
+    tmp_path: Path, mode: CacheMode
+) -> None:
+    """The fake client's reply, with a provider's finish word, signed thinking and signed
+    calls, replays as the same reply (the next turn sends its parts back: the same key),
+    answered from the cache at no cost; read stores nothing, write reads nothing."""
+    folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "readwrite"))
+    store = cache_module.ResponseStore(folder, Masker([]))
+    fake = Fixed(ODD_REPLY)
+
+    def client(use: CacheMode) -> cache_module.CachedClient:
+        return cache_module.CachedClient(fake, store, cache_module.CacheUse(use), "m", {})
+
+    messages: Messages = [{"role": "user", "content": "go"}]
+    client("write").complete(messages, [], 30)  # fills the entry
+    replay = client(mode).complete(messages, [], 30)
+    if mode == "write":
+        assert fake.asked == 2 and replay is ODD_REPLY
+        return
+    assert fake.asked == 1 and replay.cached and replay.cost_usd == 0.0
+    asked = dataclasses.replace(ODD_REPLY, latency_s=replay.latency_s, attempts=1)
+    assert replay == dataclasses.replace(asked, cost_usd=0.0, cached=True)
+    assert dict(replay.provider_parts) == THINKING
+    assert [dict(c.provider_fields) for c in replay.tool_calls] == [
+        {**SIGNED, "function": SIGNED},
+        {},
+    ]
+    other: Messages = [{"role": "user", "content": "another"}]
+    client(mode).complete(other, [], 30)  # a miss
+    assert fake.asked == 2
+    stored = len(list((tmp_path / "c").glob("*.json")))
+    assert stored == (1 if mode == "read" else 2)
+
+
+def test_a_cached_reply_is_masked_in_its_entry(tmp_path: Path) -> None:
+    folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "readwrite"))
+    store = cache_module.ResponseStore(folder, Masker([SECRET]))
+    fake = Fixed(ModelReply(f"the key is {SECRET}", (), "stop", 1, 1, 0.1))
+    cached = cache_module.CachedClient(fake, store, cache_module.CacheUse("readwrite"), "m", {})
+    messages: Messages = [{"role": "user", "content": "go"}]
+    cached.complete(messages, [], 30)
+    (entry,) = (tmp_path / "c").glob("*.json")
+    assert SECRET not in entry.read_text() and "the key is ***" in entry.read_text()
+    replay = cached.complete(messages, [], 30)
+    assert replay.cached and replay.text == "the key is ***"
+
+
+# An entry as litellm 1.110's own caching wrote it, when the cache was litellm's: the
+# provider's finish word beside litellm's "stop" for it.
+LITELLM_ENTRY = {
+    "format": "mm-batch-cache/1",
+    "model": "openai/gpt-4o-mini",
+    "response": {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "index": 0,
+                "message": {
+                    "content": None,
+                    "function_call": None,
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "function": {"arguments": '{"a": 1}', "name": "probe"},
+                            "id": "call_1",
+                            "type": "function",
+                        }
+                    ],
+                },
+                "provider_specific_fields": {"native_finish_reason": "MALFORMED_FUNCTION_CALL"},
+            }
+        ],
+        "created": 1796618851,
+        "id": "chatcmpl-2",
+        "model": "gpt-4o-mini",
+        "object": "chat.completion",
+        "usage": {
+            "completion_tokens": 5,
+            "completion_tokens_details": None,
+            "prompt_tokens": 10,
+            "prompt_tokens_details": None,
+            "total_tokens": 15,
+        },
+    },
+}
+
+
+def test_a_folder_litellm_filled_is_still_read(tmp_path: Path) -> None:
+    """Existing caches stay valid: the same key for the same request, and litellm's entry
+    read as the reply it was, the provider's finish word kept (a cut turn fails again)."""
+    messages: Messages = [{"role": "user", "content": "hi"}]
+    options = {"api_base": "http://127.0.0.1:1/v1", "api_key": "x", "temperature": 0}
+    key = cache_module.request_key("openai/gpt-4o-mini", messages, [], options)
+    # The key litellm's cache was given for this request: pinned, as the folders are.
+    assert key == "4c03ac0e1179b44ce5203a02ed09fe290290d690e4994b07c32d52747b838f04"
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / f"{key}.json").write_text(json.dumps({**LITELLM_ENTRY, "key": key}))
+    folder = cache_module.open_folder(CacheSettings(tmp_path / "c", "read"))
+    store = cache_module.ResponseStore(folder, Masker([]))
+    fake = Fixed(ModelReply("asked", (), "stop", 1, 1, 0.1))
+    use = cache_module.CacheUse("read")
+    cached = cache_module.CachedClient(fake, store, use, "openai/gpt-4o-mini", options)
+    reply = cached.complete(messages, [], 30)
+    assert fake.asked == 0 and reply.cached and reply.cost_usd == 0.0
+    assert reply.finish_reason == "MALFORMED_FUNCTION_CALL"
+    assert [(c.id, c.name, c.raw_arguments) for c in reply.tool_calls] == [
+        ("call_1", "probe", '{"a": 1}')
+    ]
+    assert (reply.prompt_tokens, reply.completion_tokens) == (10, 5)

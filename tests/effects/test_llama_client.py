@@ -20,13 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mm_batch.config.model import CacheMode, CacheSettings
 from mm_batch.config.secrets import Masker
-from mm_batch.effects import cache as cache_module
-from mm_batch.effects.cache import CacheUse, FolderCache
-from mm_batch.effects.litellm import LiteLLMClient, load_litellm
-from mm_batch.effects.llama_client import CachedClient, LlamaClient, check_entry
-from mm_batch.effects.model_calls import Retries
-from mm_batch.report.files import ResultsFolder
+from mm_batch.effects.cache import CachedClient, CacheFolder, CacheUse, ResponseStore, open_folder
+from mm_batch.effects.litellm import LiteLLMClient
+from mm_batch.effects.llama_client import LlamaClient
+from mm_batch.effects.model_calls import Retries, TurnClient
 from mm_batch.run.ports import ModelClient, ModelError
 from mm_batch.testing.fake_openai import (
     Delayed,
@@ -422,27 +421,25 @@ def test_a_server_that_is_gone_is_the_same_error() -> None:
 # -- the response cache: one folder, one format, for both ------------------------------------
 
 
-def _cached(pair: Pair, folder: ResultsFolder, mode: str) -> CachedClient:
-    options = {"max_tokens": 512, "api_base": pair.fake.url}
-    store = FolderCache(folder, check_entry, MASKER)
-    use = CacheUse(mode)  # type: ignore[arg-type]
-    return CachedClient(pair.native, store, use, f"hosted_vllm/{NAME}", options)
+def _cached(client: TurnClient, folder: CacheFolder, mode: CacheMode, model: str) -> CachedClient:
+    """The cache around a client, keyed as the wiring keys either: by the request litellm is
+    given (`hosted_vllm/<name>`, its options less where it is sent)."""
+    options = {"max_tokens": 512, "api_base": "http://127.0.0.1:9/v1"}
+    return CachedClient(client, ResponseStore(folder, MASKER), CacheUse(mode), model, options)
+
+
+def _native(pair: Pair, folder: CacheFolder, mode: CacheMode) -> CachedClient:
+    return _cached(pair.native, folder, mode, f"hosted_vllm/{NAME}")
 
 
 def test_one_cache_folder_serves_both_clients(pair: Pair, tmp_path: Path) -> None:
-    folder = ResultsFolder(tmp_path / "cache")
+    folder = open_folder(CacheSettings(tmp_path / "cache"))
     turn = tool_call("release", {"version": "1.4.2"})
-    backend = cache_module.install(load_litellm(), folder, MASKER)
-    try:
-        pair.litellm.cache = CacheUse("readwrite")
-        pair.queue.replies = deque([turn])
-        asked = pair.litellm.complete(MESSAGES, [], 30)  # litellm writes the entry
-        assert backend is not None and not asked.cached
-    finally:
-        cache_module.uninstall(load_litellm(), folder)
-        pair.litellm.cache = None
-    folder = ResultsFolder(tmp_path / "cache")
-    replayed = _cached(pair, folder, "read").complete(MESSAGES, [], 30)
+    pair.queue.replies = deque([turn])
+    hosted = pair.litellm
+    asked = _cached(hosted, folder, "readwrite", hosted.model).complete(MESSAGES, [], 30)
+    assert not asked.cached  # litellm's client asked, and the entry is written
+    replayed = _native(pair, folder, "read").complete(MESSAGES, [], 30)
     assert len(pair.fake.requests) == 1  # the native client read litellm's entry
     assert replayed.cached and replayed.cost_usd == 0.0
     fields = ("text", "tool_calls", "finish_reason", "prompt_tokens", "completion_tokens")
@@ -450,24 +447,19 @@ def test_one_cache_folder_serves_both_clients(pair: Pair, tmp_path: Path) -> Non
 
     other = [{"role": "user", "content": "another turn"}]
     pair.queue.replies = deque([Finished(text("cut"), "length")])
-    written = _cached(pair, folder, "write").complete(other, [], 30)  # native writes one
+    written = _native(pair, folder, "write").complete(other, [], 30)  # native writes one
     assert not written.cached and len(pair.fake.requests) == 2
-    install = cache_module.install(load_litellm(), folder, MASKER)
-    try:
-        pair.litellm.cache = CacheUse("read")
-        read_back = pair.litellm.complete(other, [], 30)
-    finally:
-        cache_module.uninstall(load_litellm(), folder)
-    assert install is not None and len(pair.fake.requests) == 2  # litellm read it
+    read_back = _cached(hosted, folder, "read", hosted.model).complete(other, [], 30)
+    assert len(pair.fake.requests) == 2  # litellm's client was not asked: the entry answered
     assert read_back.cached and (read_back.text, read_back.finish_reason) == ("cut", "length")
 
 
 def test_read_mode_stores_nothing_and_write_mode_reads_nothing(pair: Pair, tmp_path: Path) -> None:
-    folder = ResultsFolder(tmp_path / "cache")
+    folder = open_folder(CacheSettings(tmp_path / "cache"))
     pair.queue.replies = deque([text("first"), text("second"), text("third")])
-    assert not _cached(pair, folder, "read").complete(MESSAGES, [], 30).cached
+    assert not _native(pair, folder, "read").complete(MESSAGES, [], 30).cached
     assert list(folder.path.glob("*.json")) == []
-    assert _cached(pair, folder, "write").complete(MESSAGES, [], 30).text == "second"
-    assert _cached(pair, folder, "write").complete(MESSAGES, [], 30).text == "third"
-    hit = _cached(pair, folder, "readwrite").complete(MESSAGES, [], 30)
+    assert _native(pair, folder, "write").complete(MESSAGES, [], 30).text == "second"
+    assert _native(pair, folder, "write").complete(MESSAGES, [], 30).text == "third"
+    hit = _native(pair, folder, "readwrite").complete(MESSAGES, [], 30)
     assert hit.cached and hit.text == "third" and len(pair.fake.requests) == 3

@@ -58,7 +58,7 @@ def local_effects(
     binary.chmod(0o755)
     # The stand-in replaces the extra's binary and the assembled model, nothing else.
     monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: binary)
-    monkeypatch.setattr("mm_batch.commands.effects.ensure_gguf", lambda _model: tmp_path / "m")
+    monkeypatch.setattr("mm_batch.effects.local_models.ensure_gguf", lambda _model: tmp_path / "m")
     monkeypatch.setenv("LLAMA_STANDIN_DIR", str(tmp_path))
     monkeypatch.setenv("MM_BATCH_CACHE", str(tmp_path / "cache"))  # saved prompts land there
     started: list[Effects] = []
