@@ -142,8 +142,18 @@ class Masker:
 
     def json_text(self, value: object) -> Masked:
         """JSON-like data as JSON text to quote in a reason or an answer: every string in it,
-        keys too, masked before JSON escapes it (an escaped secret would no longer match)."""
-        return self.text(json.dumps(self._all_strings(value), ensure_ascii=False))
+        keys too, masked before JSON escapes it (an escaped secret would no longer match). The
+        text is masked again as a whole, since an escape can make a secret of what was none; where
+        that cuts into an escape (`\\u0000` beside a redaction), the quote would be no JSON any
+        more, and is the mask alone instead."""
+        text = json.dumps(self._all_strings(value), ensure_ascii=False)
+        masked = self.text(text)
+        if masked != text:
+            try:
+                json.loads(masked)
+            except ValueError:
+                return self.text(json.dumps(MASK))
+        return masked
 
     def _all_strings(self, value: object) -> object:
         if isinstance(value, str):

@@ -126,6 +126,15 @@ def test_cuts_folds_and_escapes_after_masking_leak_nothing(
     assert leaked(secret, json.loads(masker.json_text({masked: [masked]}))) == []
 
 
+def test_a_json_quote_whose_escape_touches_a_mask_stays_json() -> None:
+    """`\\u0000` beside a redaction begins as the secret `000000` begins: masking the escape
+    must not leave text that is no JSON (found by the property above)."""
+    masker = Masker(["000000"])
+    masked = masker.text("\x00000000")
+    quoted = masker.json_text({masked: [masked]})
+    assert leaked("000000", json.loads(quoted)) == []
+
+
 @settings(max_examples=200, deadline=None)
 @given(secret_text, st.sampled_from(["json", "json-ascii", "repr", "bytes", "url", "html"]))
 def test_a_secret_escaped_by_someone_else_is_masked_too(secret: str, how: str) -> None:
