@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from mm_batch.commands.results import ResultsError, read_summary, refusing
 from mm_batch.errors import ExitCode
 from mm_batch.report.compare import compare, compare_json, compare_markdown, compare_table
 from mm_batch.report.files import ResultsFolder, unwritable
+from mm_batch.report.readback import ResultsError, read_summary, refusing
 
 DEFAULT_OUT = Path("mm-batch-compare")
 COMPARE_MD = "compare.md"

@@ -15,17 +15,12 @@ from mm_batch.config.secrets import masker_of
 from mm_batch.effects.providers import check_providers
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, make_plan
+from mm_batch.report.terminal import show_warnings
 from mm_batch.run.toolbox import Toolbox
 
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
-
-
-def show_warnings(warnings: Iterable[Problem]) -> None:
-    """Say, on stderr, what is allowed but risky; a warning never changes the exit code."""
-    for warning in warnings:
-        click.echo(str(warning), err=True)
 
 
 def _refused_programs(warnings: Iterable[Problem]) -> list[Problem]:
@@ -70,7 +65,7 @@ def plan(path: Path, overrides: Overrides, rerun_from: Path | None = None) -> in
     check_providers(the_plan)
     show_warnings(tasks_file.warnings)
     if rerun_from is not None:
-        from mm_batch.commands.rerun import read_previous, rerun_plan
+        from mm_batch.report.rerun import read_previous, rerun_plan
 
         the_plan = rerun_plan(the_plan, read_previous(rerun_from), masker_of(tasks_file.agents))
     for run in the_plan.runs:

@@ -9,29 +9,18 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
 
 from mm_batch import __version__
 from mm_batch.commands.effects import default_effects
-from mm_batch.commands.inspect import show_warnings
-from mm_batch.commands.rerun import (
-    Previous,
-    kept_records,
-    read_previous,
-    rerun_junit,
-    rerun_plan,
-    warn_if_changed,
-    with_previous,
-)
-from mm_batch.commands.signals import cancel_on_signals
 from mm_batch.config.load import display_path, load_tasks
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker, masker_of
 from mm_batch.effects.litellm import knows_price, litellm_version, price_model
 from mm_batch.effects.mcp import MCP_EXTRA_HINT
 from mm_batch.effects.mcp import installed as mcp_installed
+from mm_batch.effects.signals import cancel_on_signals
 from mm_batch.errors import ExitCode
 from mm_batch.plan import Overrides, Plan, PlanError, make_plan
 from mm_batch.report.calls_log import JsonlRecorder
@@ -46,14 +35,25 @@ from mm_batch.report.files import (
 )
 from mm_batch.report.html import records_of, report_html
 from mm_batch.report.junit import junit_xml, run_ends
+from mm_batch.report.rerun import (
+    Previous,
+    kept_records,
+    read_previous,
+    rerun_junit,
+    rerun_plan,
+    warn_if_changed,
+    with_previous,
+)
 from mm_batch.report.summary import (
+    Coverage,
+    ProvenanceValue,
     exit_code,
     summary_json,
     summary_markdown,
     task_verdicts,
     terminal_table,
 )
-from mm_batch.report.terminal import Progress, publish_to_github, short_summary
+from mm_batch.report.terminal import Progress, publish_to_github, short_summary, show_warnings
 from mm_batch.run.batch import Effects, run_batch
 from mm_batch.run.pristine import Pristine
 from mm_batch.run.records import RunResult
@@ -117,11 +117,11 @@ def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
     return unpriced
 
 
-def provenance(plan: Plan) -> dict[str, Any]:
+def provenance(plan: Plan) -> dict[str, ProvenanceValue]:
     files = {display_path(plan.tasks_file.path): plan.tasks_file.sha256}
     files.update({display_path(a.path): a.sha256 for a in plan.tasks_file.agents})
     seeds = {r.model: r.model_options.get("seed") for r in plan.runs}
-    data: dict[str, Any] = {
+    data: dict[str, ProvenanceValue] = {
         "mm_batch_version": __version__,
         "litellm_version": litellm_version(),
         "python_version": platform.python_version(),
@@ -156,13 +156,17 @@ def run(
     cancel = threading.Event()
     received: list[int] = []
     # A secret can hide anywhere, the names of files included (SPEC 7: every string written).
-    facts: dict[str, Any] = {masker.text(k): v for k, v in masker.data(provenance(plan)).items()}
+    facts: dict[str, ProvenanceValue] = {
+        masker.text(k): masker.data(v) for k, v in provenance(plan).items()
+    }
     previous = None if rerun_from is None else read_previous(rerun_from).masked(masker)
     in_place = rerun_from is not None and _resolved(rerun_from) == _resolved(out_dir)
     if previous is not None:  # read whole now: it may be the folder about to be replaced
         plan = rerun_plan(plan, previous, masker)
         warn_if_changed(previous, facts)
-        facts["rerun_of"] = masker.text(str(previous.provenance.get("started_at", "unknown")))
+        facts["rerun_of"] = masker.text(
+            "unknown" if previous.started_at is None else previous.started_at
+        )
     kept = "" if previous is None else f" ({len(previous.results) - len(plan.runs)} kept)"
     click.echo(
         masker.text(
@@ -189,7 +193,7 @@ def run(
                     if previous is not None:
                         again = {masker.text(r.run_id) for r in plan.runs}
                         for record in kept_records(previous, again):
-                            recorder.write(record)
+                            recorder.write_line(record.line())
                     # Leaving it ends the live line, so that what follows starts a line of its own.
                     with Progress(len(plan.runs)) as progress:
                         results = run_batch(
@@ -250,7 +254,7 @@ def _write_reports(
     plan: Plan,
     results: Sequence[RunResult],
     everything: Sequence[RunResult],
-    facts: dict[str, Any],
+    facts: dict[str, ProvenanceValue],
     code: ExitCode,
     masker: Masker,
     previous: Previous | None,
@@ -279,7 +283,10 @@ def _write_reports(
     reports: list[tuple[str, Callable[[], str]]] = [
         *([] if folder.holds(CALLS, recorder.inode) else [(CALLS, lambda: log)]),
         (JUNIT, junit),
-        (SUMMARY_JSON, lambda: summary_json(suite, rate, everything, facts, code, plan.coverage)),
+        (
+            SUMMARY_JSON,
+            lambda: summary_json(suite, rate, everything, facts, code, Coverage.of(plan)),
+        ),
         (SUMMARY_MD, lambda: summary_md),
         (REPORT_HTML, lambda: report_html(suite, everything, records)),
     ]

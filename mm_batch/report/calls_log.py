@@ -12,10 +12,10 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
 
-def record_line(record: Mapping[str, Any]) -> str:
+def record_line(record: Mapping[str, object]) -> str:
     """One record as calls.jsonl holds it: pure ASCII JSON (a lone surrogate from a model is
     its escape, so the file stays valid UTF-8 and valid JSON), then `\\n`."""
     return json.dumps(record, ensure_ascii=True, default=str) + "\n"
@@ -42,8 +42,11 @@ class JsonlRecorder:
         self.inode = os.fstat(handle.fileno()).st_ino
         self._lines: list[str] = []
 
-    def write(self, record: dict[str, Any]) -> None:
-        line = record_line(record)
+    def write(self, record: Mapping[str, object]) -> None:
+        self.write_line(record_line(record))
+
+    def write_line(self, line: str) -> None:
+        """A record's line as written before (`record_line`): a record kept by a rerun."""
         with self._lock:
             if self._handle is None:
                 return

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
-from mm_batch.report.summary import markdown_text, one_line
+from mm_batch.report.readback import Summary
+from mm_batch.report.summary import Provenance, markdown_text, one_line
+from mm_batch.run.records import RunResult
 
 DEFAULT_ALPHA = 0.05
 # Provenance keys that differ between any two runs and say nothing of what was compared.
@@ -97,16 +98,16 @@ class Comparison:
         return [r for r in self.rows if r.regression]
 
 
-def _sides(runs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Side]:
+def _sides(runs: Iterable[RunResult]) -> dict[tuple[str, str], Side]:
     counts: dict[tuple[str, str], list[int]] = {}
     for run in runs:
-        tally = counts.setdefault((run["task"], run["model"]), [0, 0])
-        tally[0] += run["status"] == "passed"
+        tally = counts.setdefault((run.task, run.model), [0, 0])
+        tally[0] += run.status == "passed"
         tally[1] += 1
     return {key: Side(passed, total) for key, (passed, total) in counts.items()}
 
 
-def _differences(base: Mapping[str, Any], head: Mapping[str, Any]) -> tuple[Difference, ...]:
+def _differences(base: Provenance, head: Provenance) -> tuple[Difference, ...]:
     keys = sorted((base.keys() | head.keys()) - _CIRCUMSTANTIAL)
     found = []
     for key in keys:
@@ -120,11 +121,9 @@ def _differences(base: Mapping[str, Any], head: Mapping[str, Any]) -> tuple[Diff
     return tuple(found)
 
 
-def compare(
-    base: Mapping[str, Any], head: Mapping[str, Any], alpha: float = DEFAULT_ALPHA
-) -> Comparison:
-    """Compare two checked summary.json documents (their `runs` and `provenance`)."""
-    before, after = _sides(base["runs"]), _sides(head["runs"])
+def compare(base: Summary, head: Summary, alpha: float = DEFAULT_ALPHA) -> Comparison:
+    """Compare two summary.json read back (their runs and provenance)."""
+    before, after = _sides(base.runs), _sides(head.runs)
     rows = []
     for key in [*before, *(k for k in after if k not in before)]:
         left, right = before.get(key), after.get(key)
@@ -133,7 +132,7 @@ def compare(
             p_value = fisher_drop_p(left.passed, left.runs, right.passed, right.runs)
             regression = right.rate < left.rate and p_value <= alpha
         rows.append(Row(key[0], key[1], left, right, p_value, regression))
-    provenance = _differences(base.get("provenance") or {}, head.get("provenance") or {})
+    provenance = _differences(base.provenance, head.provenance)
     return Comparison(alpha, tuple(rows), provenance)
 
 

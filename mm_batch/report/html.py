@@ -16,14 +16,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
 
-from mm_batch.report.calls_log import record_lines
+from mm_batch.report.readback import LoggedRecord, log_records
 from mm_batch.report.summary import human_duration, model_lines, printable
-from mm_batch.run.records import RunResult
+from mm_batch.run.records import ModelRecord, RunResult, TaskRecord, ToolRecord
 
 # Each text a page shows is cut here: calls.jsonl keeps up to 1 MiB, a page of 500 runs must open.
 HTML_TEXT_LIMIT = 16 * 1024
@@ -64,13 +62,13 @@ _SCRIPT = """
 
 
 def _e(value: object) -> str:
-    """Any value as escaped, printable text (control characters spelled out)."""
+    """A value of any kind as escaped, printable text (control characters spelled out)."""
     return html.escape(printable(str(value)), quote=True)
 
 
-def _block(text: object) -> str:
+def _block(text: str | None) -> str:
     """A multi-line text as an escaped <pre>, cut at HTML_TEXT_LIMIT characters."""
-    value = "" if text is None else str(text)
+    value = "" if text is None else text
     cut = ""
     if len(value) > HTML_TEXT_LIMIT:
         cut = f"\n[... {len(value) - HTML_TEXT_LIMIT} more characters: see calls.jsonl ...]"
@@ -79,11 +77,9 @@ def _block(text: object) -> str:
     return f"<pre>{html.escape(shown, quote=True)}</pre>"
 
 
-def _seconds(value: object) -> str | None:
+def _seconds(value: float | None) -> str | None:
     """A number of seconds from a record as a person reads it; None when the record has none."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        return None
-    return human_duration(float(value))
+    return None if value is None else human_duration(value)
 
 
 def _facts(*pairs: tuple[str, object]) -> list[str]:
@@ -91,91 +87,85 @@ def _facts(*pairs: tuple[str, object]) -> list[str]:
     return [f"{label}{_e(value)}" for label, value in pairs if value is not None]
 
 
-def _moment(stamp: object) -> datetime | None:
+def _moment(stamp: str) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
         return None
 
 
-def _model_row(record: Mapping[str, Any]) -> str:
-    asked = record.get("tool_calls") or []
+def _model_row(turn: ModelRecord) -> str:
     calls = "".join(
-        f"<div>asks for <code>{_e(c.get('name'))}</code></div>{_block(c.get('arguments'))}"
-        for c in asked
-        if isinstance(c, dict)
+        f"<div>asks for <code>{_e(c.name)}</code></div>{_block(c.arguments)}"
+        for c in turn.tool_calls
     )
-    content = record.get("content")
-    tokens_in, tokens_out = record.get("prompt_tokens"), record.get("completion_tokens")
     facts = ", ".join(
         _facts(
-            ("", _seconds(record.get("latency_s"))),
-            ("tokens in ", tokens_in),
-            ("tokens out ", tokens_out),
-            ("finish ", record.get("finish_reason")),
+            ("", _seconds(turn.latency_s)),
+            ("tokens in ", turn.prompt_tokens),
+            ("tokens out ", turn.completion_tokens),
+            ("finish ", turn.finish_reason),
         )
     )
-    return f"<td>model turn</td><td>{facts}{_block(content) if content else ''}{calls}</td>"
+    content = _block(turn.content) if turn.content else ""
+    return f"<td>model turn</td><td>{facts}{content}{calls}</td>"
 
 
-def _tool_row(record: Mapping[str, Any]) -> str:
-    argv = record.get("argv")
-    shown_argv = " ".join(str(a) for a in argv) if isinstance(argv, list) else "(not run)"
+def _tool_row(call: ToolRecord) -> str:
+    shown_argv = " ".join(call.argv) if call.argv is not None else "(not run)"
     facts = [
-        f"<code>{_e(record.get('tool'))}</code> {_e(record.get('outcome'))}",
+        f"<code>{_e(call.tool)}</code> {_e(call.outcome)}",
         *_facts(
-            ("exit ", record.get("exit_code")),
-            ("rule ", record.get("rule")),
-            ("", _seconds(record.get("duration_s"))),
-            ("on ", record.get("where")),
+            ("exit ", call.exit_code),
+            ("rule ", call.rule),
+            ("", _seconds(call.duration_s)),
+            ("on ", call.where),
         ),
     ]
-    if record.get("recovered_from_text"):
+    if call.recovered_from_text:
         facts.append("rescued from text")
     parts = [" · ".join(facts), _block(f"$ {shown_argv}")]
-    if record.get("reason"):
-        parts.append(f"<div>reason: {_e(record.get('reason'))}</div>")
-    for stream in ("stdout", "stderr"):
-        if record.get(stream):
-            parts.append(f"<div>{stream}</div>{_block(record.get(stream))}")
+    if call.reason:
+        parts.append(f"<div>reason: {_e(call.reason)}</div>")
+    for stream, text in (("stdout", call.stdout), ("stderr", call.stderr)):
+        if text:
+            parts.append(f"<div>{stream}</div>{_block(text)}")
     return f"<td>tool call</td><td>{''.join(parts)}</td>"
 
 
-def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str:
-    final: Mapping[str, Any] = next((r for r in reversed(records) if r.get("kind") == "task"), {})
-    found = final.get("checks")
-    checks: list[Any] = found if isinstance(found, list) else []
+def _run_section(result: RunResult, records: Sequence[LoggedRecord]) -> str:
+    final = next((r.record for r in reversed(records) if isinstance(r.record, TaskRecord)), None)
+    checks = () if final is None else final.checks
     check_rows = "".join(
-        f"<tr><td class={'passed' if c.get('ok') else 'failed'}>"
-        f"{'ok' if c.get('ok') else 'not met'}</td><td>{_e(c.get('check'))}</td>"
-        f"<td>{_block(c.get('detail')) if c.get('detail') else ''}</td></tr>"
+        f"<tr><td class={'passed' if c.ok else 'failed'}>"
+        f"{'ok' if c.ok else 'not met'}</td><td>{_e(c.name)}</td>"
+        f"<td>{_block(c.detail) if c.detail else ''}</td></tr>"
         for c in checks
-        if isinstance(c, dict)
     )
-    start = next((m for m in map(_moment, (r.get("ts") for r in records)) if m), None)
+    start = next((m for m in (_moment(r.ts) for r in records) if m), None)
     timeline = []
-    for record in records:
-        moment = _moment(record.get("ts"))
+    for logged in records:
+        moment = _moment(logged.ts)
         offset = (
             ""
             if moment is None or start is None
             else human_duration(max((moment - start).total_seconds(), 0.0))
         )
-        kind = record.get("kind")
-        if kind == "model":
+        record = logged.record
+        if isinstance(record, ModelRecord):
             timeline.append(f"<tr><td>{offset}</td>{_model_row(record)}</tr>")
-        elif kind == "tool":
+        elif isinstance(record, ToolRecord):
             timeline.append(f"<tr><td>{offset}</td>{_tool_row(record)}</tr>")
-        elif kind == "task":
-            answer = final.get("answer")
+        else:
+            answer = None if final is None else final.answer
             # The reason says what ended the run: for a timeout, what was in flight then (a
             # model turn or a call that never finished has no record of its own above).
-            why = record.get("reason") if record.get("status") != "passed" else None
+            why = record.reason if record.status != "passed" else None
             timeline.append(
-                f"<tr><td>{offset}</td><td>verdict</td><td>{_e(record.get('status'))}"
+                f"<tr><td>{offset}</td><td>verdict</td><td>{_e(record.status)}"
                 f"{f': {_e(why)}' if why else ''}{_block(answer) if answer else ''}</td></tr>"
             )
-    prompt = final.get("prompt")
+    prompt = None if final is None else final.prompt
     return (
         f'<details class="run" data-status="{_e(result.status)}" data-model="{_e(result.model)}" '
         f'data-task="{_e(result.task)}"{" open" if result.status != "passed" else ""}>'
@@ -191,26 +181,20 @@ def _run_section(result: RunResult, records: Sequence[Mapping[str, Any]]) -> str
     )
 
 
-def _seq(record: Mapping[str, Any]) -> int:
-    seq = record.get("seq")
-    return seq if isinstance(seq, int) else 0
-
-
-def group_records(records: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+def group_records(records: Iterable[LoggedRecord]) -> dict[str, list[LoggedRecord]]:
     """calls.jsonl's records per run id, in their `seq` order."""
-    runs: dict[str, list[Mapping[str, Any]]] = {}
+    runs: dict[str, list[LoggedRecord]] = {}
     for record in records:
-        if isinstance(record, Mapping) and isinstance(record.get("run"), str):
-            runs.setdefault(record["run"], []).append(record)
+        runs.setdefault(record.run, []).append(record)
     for found in runs.values():
-        found.sort(key=_seq)
+        found.sort(key=lambda r: r.seq)
     return runs
 
 
 def report_html(
     suite: str,
     results: Sequence[RunResult],
-    records: Mapping[str, Sequence[Mapping[str, Any]]],
+    records: Mapping[str, Sequence[LoggedRecord]],
 ) -> str:
     """The page for one results folder: `records` are calls.jsonl's, grouped by run id."""
     lines = model_lines(results)
@@ -246,14 +230,6 @@ def report_html(
     )
 
 
-def records_of(calls_text: str) -> dict[str, list[Mapping[str, Any]]]:
-    """calls.jsonl's text read for the page: a line that is not a JSON object is skipped."""
-    parsed: list[Mapping[str, Any]] = []
-    for _, line in record_lines(calls_text):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            parsed.append(record)
-    return group_records(parsed)
+def records_of(calls_text: str) -> dict[str, list[LoggedRecord]]:
+    """calls.jsonl's text read for the page, grouped by run id."""
+    return group_records(log_records(calls_text))

@@ -1,8 +1,10 @@
 """junit.xml: one <testsuite> per tasks file and model, one <testcase> per task run.
 
 junit-xml writes the report; what it lacks (`<flakyFailure>`, the counts once a run is flaky) is
-done on its tree here, and `merge` reuses the same tree functions, so a merged report follows the
-same rules as one machine's.
+done on its tree here. A results folder's junit.xml is read back here too, checked against its
+summary.json (`junit_part`), and the parts of several folders merged (`merge_junit`, for `merge`
+and `--rerun-failed`) by the same tree functions, so a merged report follows the same rules as
+one machine's.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 import re
 import socket
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from pathlib import Path
 
 from junit_xml import TestCase, TestSuite
 
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker
 from mm_batch.plan import Plan, classname
-from mm_batch.report.summary import flaky_runs
-from mm_batch.run.records import RunResult
+from mm_batch.report.files import JUNIT, SUMMARY_JSON
+from mm_batch.report.readback import LoggedRecord, MergeError
+from mm_batch.report.summary import Provenance, flaky_runs, one_line
+from mm_batch.run.records import RunResult, TaskRecord
 
 # Characters XML 1.0 cannot carry at all; anything a process or a model prints may hold them.
 _ILLEGAL_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -107,16 +112,16 @@ def set_flaky(case: ET.Element, flaky: bool) -> None:
             child.remove(stack_trace)
 
 
-def run_ends(records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, float]:
+def run_ends(records: Mapping[str, Sequence[LoggedRecord]]) -> dict[str, float]:
     """When each run ended (seconds since the epoch): its task record's `ts`, written as it
     ended. `records` are calls.jsonl's, grouped by run id."""
     ends: dict[str, float] = {}
     for run_id, found in records.items():
         for record in found:
-            if record.get("kind") != "task":
+            if not isinstance(record.record, TaskRecord):
                 continue
             try:
-                moment = datetime.fromisoformat(str(record.get("ts")).replace("Z", "+00:00"))
+                moment = datetime.fromisoformat(record.ts.replace("Z", "+00:00"))
             except ValueError:
                 continue
             ends[run_id] = moment.timestamp()
@@ -168,7 +173,7 @@ def serialize(root: ET.Element) -> str:
 def junit_xml(
     plan: Plan,
     results: Sequence[RunResult],
-    provenance: Mapping[str, Any],
+    provenance: Provenance,
     masker: Masker,
     *,
     ends: Mapping[str, float] | None = None,
@@ -210,3 +215,187 @@ def junit_xml(
         root.append(element)
     recount(root, walls)
     return serialize(root)
+
+
+# -- read back and merged: the junit.xml of results folders (merge, --rerun-failed) ----------
+
+_CASE_CHILDREN = ("failure", "error", "flakyFailure", "flakyError", "skipped")
+_KNOWN_CASE_CHILDREN = frozenset((*_CASE_CHILDREN, "system-out", "system-err"))
+_STATUS_OF = {
+    "skipped": "skipped",  # mm-batch never skips: agrees with no run's status
+    "failure": "failed",
+    "flakyFailure": "failed",
+    "error": "error",
+    "flakyError": "error",
+}
+_SUITE_ATTRIBUTES = ("name", "timestamp", "hostname", "file")
+
+
+def _case_copy(case: ET.Element) -> ET.Element:
+    """A shard's test case rebuilt from what mm-batch writes, and nothing else a file may hold."""
+    copy = ET.Element("testcase", {k: case.get(k, "") for k in ("name", "classname", "time")})
+    for child in case:
+        if child.tag in _CASE_CHILDREN:
+            kept = {k: v for k in ("message", "type") if (v := child.get(k)) is not None}
+            verdict = ET.SubElement(copy, child.tag, kept)
+            verdict.text = child.text
+            trace = child.find("stackTrace")
+            if trace is not None:
+                ET.SubElement(verdict, "stackTrace").text = trace.text
+        elif child.tag in ("system-out", "system-err"):
+            ET.SubElement(copy, child.tag).text = child.text
+    return copy
+
+
+def _strange_element(case: ET.Element) -> str | None:
+    """The first element in a test case that mm-batch does not write there, if any."""
+    for child in case:
+        if child.tag not in _KNOWN_CASE_CHILDREN:
+            return f"<{one_line(str(child.tag), 60)}>"
+        allowed = ("stackTrace",) if child.tag.startswith("flaky") else ()
+        for grandchild in child:
+            if grandchild.tag not in allowed or len(grandchild):
+                return f"<{one_line(str(grandchild.tag), 60)}>"
+    return None
+
+
+def _oversized(case: ET.Element) -> str | None:
+    """A text of the test case over what SPEC 7 lets mm-batch write there, if any."""
+    for element in case.iter():
+        limit = SYSTEM_OUT_LIMIT if element.tag in ("system-out", "system-err") else DETAILS_LIMIT
+        if len(element.text or "") > limit:
+            return f"a <{element.tag}> text over {limit} characters"
+        if len(element.get("message", "")) > MESSAGE_LIMIT:
+            return f"a message over {MESSAGE_LIMIT} characters"
+    return None
+
+
+_RFC3339 = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+
+
+def _suite_problem(suite: ET.Element) -> str | None:
+    """What a testsuite lacks of the attributes mm-batch always writes (SPEC 7), if anything."""
+    for name in ("name", "hostname", "file"):
+        if not suite.get(name):
+            return f"has no {name}"
+    if not _RFC3339.fullmatch(suite.get("timestamp", "")):
+        return f"has a timestamp that is not RFC 3339 ({one_line(suite.get('timestamp', ''), 40)})"
+    return None
+
+
+def _case_status(case: ET.Element) -> str:
+    tags = [c.tag for c in case if c.tag in _STATUS_OF]
+    return _STATUS_OF[tags[0]] if len(tags) == 1 else "passed" if not tags else "several"
+
+
+@dataclass(frozen=True)
+class JunitPart:
+    """One folder's junit.xml, checked against its summary.json: its testsuites (attributes
+    and properties) and its test cases, each with the run it reports."""
+
+    suites: tuple[ET.Element, ...]
+    cases: tuple[tuple[str, RunResult, ET.Element], ...]  # (testsuite name, run, test case)
+
+    def without(self, run_ids: Collection[str]) -> JunitPart:
+        """The part less the test cases of these runs (run again by `--rerun-failed`)."""
+        kept = tuple(c for c in self.cases if c[1].run_id not in run_ids)
+        return JunitPart(self.suites, kept)
+
+    def mask(self, masker: Masker) -> None:
+        """Mask the texts of the test cases and the suites' property values, in place (the
+        secrets of this run, which the folder's own run may not have known)."""
+        for _, _, case in self.cases:
+            for element in case.iter():
+                if element.text:
+                    element.text = masker.text(element.text)
+                if "message" in element.attrib:
+                    element.set("message", masker.text(element.get("message", "")))
+        for suite in self.suites:
+            for prop in suite.iterfind("properties/property"):
+                prop.set("value", masker.text(prop.get("value", "")))
+
+
+def junit_part(
+    root: ET.Element, results: Sequence[RunResult], suite_of_runs: str, directory: Path
+) -> JunitPart:
+    """The junit.xml of a folder, which must hold exactly its runs, each once, with the verdict
+    its summary.json gives: a report that disagrees with the summary (and the exit code) is
+    refused."""
+    path = directory / JUNIT
+    runs: dict[tuple[str, str], RunResult] = {}
+    for r in results:
+        runs[classname(suite_of_runs, r.model), f"{r.task}#{r.repeat}"] = r
+        if r.repeat == 1:  # a plan without repeats names its cases by the task alone
+            runs[classname(suite_of_runs, r.model), r.task] = r
+    found: set[str] = set()
+    suites: list[ET.Element] = []
+    cases: list[tuple[str, RunResult, ET.Element]] = []
+    for suite in root.iter("testsuite"):
+        problem = _suite_problem(suite)
+        if problem is not None:
+            raise MergeError(f"{path}: a testsuite {problem}: the folder is damaged")
+        suites.append(suite)
+        for case in suite.iterfind("testcase"):
+            label = one_line(f"{case.get('classname')}.{case.get('name')}", 120)
+            run = runs.get((case.get("classname", ""), case.get("name", "")))
+            if run is None or run.run_id in found:
+                what = "is no run of" if run is None else "is twice in the report of"
+                raise MergeError(f"{path}: test case {label} {what} {directory}")
+            if _case_status(case) != run.status:
+                raise MergeError(
+                    f"{path}: test case {label} is {_case_status(case)} but "
+                    f"{directory / SUMMARY_JSON} says {run.status}: the folder is damaged"
+                )
+            strange = _strange_element(case) or _oversized(case)
+            if strange is not None:
+                raise MergeError(
+                    f"{path}: test case {label} holds {strange} where mm-batch never writes "
+                    "one: the folder is damaged"
+                )
+            found.add(run.run_id)
+            copy = _case_copy(case)
+            copy.set("time", f"{run.duration_s:.3f}")  # summary.json's, checked: one source
+            cases.append((suite.get("name", ""), run, copy))
+    missing = [r.run_id for r in results if r.run_id not in found]
+    if missing:
+        raise MergeError(f"{path}: no test case for run {one_line(missing[0], 120)}")
+    return JunitPart(tuple(suites), tuple(cases))
+
+
+def merge_junit(parts: Sequence[JunitPart], rate: float) -> str:
+    """The parts' test cases (moved, not copied) in plan order within each testsuite, flaky as
+    the whole says; a testsuite takes its attributes and properties from the first part that
+    has it."""
+    root = ET.Element("testsuites")
+    suites: dict[str, ET.Element] = {}
+    cases: dict[str, list[tuple[RunResult, ET.Element]]] = {}
+    for part in parts:
+        for suite in part.suites:
+            name = suite.get("name", "")
+            if name not in suites:
+                attributes = {k: v for k in _SUITE_ATTRIBUTES if (v := suite.get(k)) is not None}
+                suites[name] = ET.SubElement(root, "testsuite", attributes)
+                properties = ET.SubElement(suites[name], "properties")
+                for p in suite.iterfind("properties/property"):
+                    pair = {"name": p.get("name", ""), "value": p.get("value", "")}
+                    ET.SubElement(properties, "property", pair)
+            else:
+                _widen(suites[name], suite)
+        for name, run, case in part.cases:
+            cases.setdefault(name, []).append((run, case))
+    flaky = flaky_runs((run for pairs in cases.values() for run, _ in pairs), rate)
+    for name, pairs in cases.items():
+        for run, case in sorted(pairs, key=lambda pair: pair[0].index):
+            set_flaky(case, run.run_id in flaky)
+            suites[name].append(case)
+    recount(root)
+    return serialize(root)
+
+
+def _widen(merged: ET.Element, suite: ET.Element) -> None:
+    """A merged testsuite started when its first shard did, on every host that ran a part."""
+    timestamps = [t for t in (merged.get("timestamp"), suite.get("timestamp")) if t]
+    if timestamps:
+        merged.set("timestamp", min(timestamps))
+    hosts = [*(merged.get("hostname") or "").split(","), suite.get("hostname") or ""]
+    merged.set("hostname", ",".join(h for h in dict.fromkeys(hosts) if h))

@@ -7,14 +7,34 @@ import string
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from mm_batch.errors import ExitCode
+from mm_batch.jsontypes import JsonObject
+from mm_batch.plan import Plan
 from mm_batch.run.batch import EXITFIRST_REASON
 from mm_batch.run.records import COST_LIMIT_REASON, RunResult, total_usd, usd
 
 # The reasons of runs the batch did not start (`--max-cost`, `--exitfirst`): never tolerated.
 NOT_STARTED = (COST_LIMIT_REASON, EXITFIRST_REASON)
+
+# A value of summary.json's provenance (and of junit.xml's properties): the schema allows no
+# nesting. mm-batch writes strings, and `merged_from` a count.
+ProvenanceValue: TypeAlias = str | int | float | bool | None
+Provenance: TypeAlias = Mapping[str, ProvenanceValue]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which part of the whole plan a results folder covers (summary.json's `plan`)."""
+
+    shard: str | None  # K/N of --shard; None for an unsharded run or a merge
+    whole_runs: int  # the runs of the whole, unsharded plan
+
+    @staticmethod
+    def of(plan: Plan) -> Coverage:
+        shard = f"{plan.shard[0]}/{plan.shard[1]}" if plan.shard else None
+        return Coverage(shard, plan.whole_runs)
 
 
 @dataclass(frozen=True)
@@ -143,15 +163,15 @@ def summary_json(
     suite: str,
     min_pass_rate: float,
     results: Sequence[RunResult],
-    provenance: Mapping[str, Any],
+    provenance: Provenance,
     code: int,
-    coverage: Mapping[str, Any],
+    coverage: Coverage,
 ) -> str:
     verdicts = task_verdicts(results, min_pass_rate)
     data = {
         "suite": suite,
         "provenance": dict(provenance),
-        "plan": dict(coverage),
+        "plan": {"shard": coverage.shard, "whole_runs": coverage.whole_runs},
         "min_pass_rate": min_pass_rate,
         "exit_code": code,
         "models": [
@@ -186,8 +206,8 @@ def summary_json(
     return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def run_entry(result: RunResult) -> dict[str, Any]:
-    """A run as summary.json lists it; `run_result` reads it back (merge, rerun, compare)."""
+def run_entry(result: RunResult) -> JsonObject:
+    """A run as summary.json lists it; report/readback.py reads it back."""
     return {
         "run": result.run_id,
         "task": result.task,
@@ -208,30 +228,6 @@ def run_entry(result: RunResult) -> dict[str, Any]:
 def _rounded_usd(amount: float | None) -> float | None:
     """To a millionth of a cent: what a float sum adds beyond that is noise."""
     return None if amount is None else round(amount, 8)
-
-
-def run_result(entry: Mapping[str, Any]) -> RunResult:
-    """A run read back from summary.json (checked already): what the reports need of it, less
-    the checks and calls that junit.xml and calls.jsonl keep."""
-    return RunResult(
-        entry["run"],
-        entry["task"],
-        entry["model"],
-        entry["repeat"],
-        entry["status"],
-        entry["reason"],
-        (),
-        entry["duration_s"],
-        None,
-        (),
-        line=entry["line"],
-        index=entry["index"],
-        rerun=entry.get("rerun") is True,
-        # Absent from results written before tokens and cost were counted: unknown.
-        prompt_tokens=entry.get("prompt_tokens"),
-        completion_tokens=entry.get("completion_tokens"),
-        cost_usd=entry.get("cost_usd"),
-    )
 
 
 # What a model or a command wrote is shown as text wherever it is rendered. In summary.md every
@@ -270,7 +266,7 @@ def one_line(text: str, limit: int = 200) -> str:
 
 
 def markdown_text(text: str, limit: int = 300) -> str:
-    """Any text as one line of markdown that renders as exactly that text, with no markup."""
+    """A text, whatever it holds, as one line of markdown that renders as exactly that text."""
     flat = one_line(text, limit)
     out: list[str] = []
     for i, char in enumerate(flat):

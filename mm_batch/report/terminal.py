@@ -11,11 +11,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TextIO
 
+import click
+
+from mm_batch.config.problems import Problem
 from mm_batch.report.summary import (
     WORD_JOINER,
     TaskVerdict,
@@ -35,12 +38,19 @@ __all__ = [
     "one_line",
     "publish_to_github",
     "short_summary",
+    "show_warnings",
 ]
 
 TICK_S = 0.5  # how often the live line is redrawn while no run finishes
 ANNOTATION_LIMIT = 10  # GitHub shows at most 10 error annotations a step
 REASON_LIMIT = 300  # characters of a reason in the short summary
 RUNNING_SHOWN = 3  # runs in flight the live line names, the longest running first
+
+
+def show_warnings(warnings: Iterable[Problem]) -> None:
+    """Say, on stderr, what is allowed but risky; a warning never changes the exit code."""
+    for warning in warnings:
+        click.echo(str(warning), err=True)
 
 
 def live_terminal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:

@@ -310,7 +310,7 @@ def test_a_fifo_swapped_in_after_the_look_is_refused_at_start(
 def test_a_results_file_that_became_a_fifo_is_refused(tmp_path: Path) -> None:
     """merge, compare and --rerun-failed read results folders from anywhere: a file of one
     that is a FIFO when it is read (whatever it was when looked at) is refused, unread."""
-    from mm_batch.commands.results import ResultsError, read_text
+    from mm_batch.report.readback import ResultsError, read_text
 
     fifo = tmp_path / "summary.json"
     os.mkfifo(fifo)

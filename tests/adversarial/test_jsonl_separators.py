@@ -10,15 +10,28 @@ refused the whole folder. Now every non-ASCII character is escaped and lines are
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mm_batch.commands.results import read_records
 
+from mm_batch.config.secrets import Masker
 from mm_batch.report.calls_log import JsonlRecorder
 from mm_batch.report.html import records_of
+from mm_batch.report.readback import read_records
+from mm_batch.run.records import (
+    CallAsked,
+    Check,
+    ModelRecord,
+    Record,
+    Recorder,
+    RunRecorder,
+    TaskRecord,
+    ToolRecord,
+)
 from mm_batch.testing.fake_openai import by_prompt, text, tool_call
 from tests.helpers import Cli, Fake, model_args, write, yolo_agent
 
@@ -34,34 +47,44 @@ ANY_TEXT = st.one_of(
 RUN = "t[hosted_vllm/fake]#1"
 
 
-def _records(content: str, stdout: str, stderr: str, argument: str) -> list[dict[str, Any]]:
-    base = {"run": RUN, "task": "t", "model": "hosted_vllm/fake", "repeat": 1}
+def _records(content: str, stdout: str, stderr: str, argument: str) -> list[Record]:
+    raw = json.dumps({"text": argument}, ensure_ascii=False)
     return [
-        {**base, "seq": 1, "kind": "model", "content": content, "finish_reason": "tool_calls"},
-        {
-            **base,
-            "seq": 2,
-            "kind": "tool",
-            "tool": "echo",
-            "raw_arguments": json.dumps({"text": argument}, ensure_ascii=False),
-            "arguments": {"text": argument, argument: argument},
-            "stdout": stdout,
-            "stderr": stderr,
-        },
-        {**base, "seq": 3, "kind": "task", "status": "passed", "reason": content},
+        ModelRecord(0.5, 3, 2, "tool_calls", (CallAsked("echo", raw),), content, 1),
+        ToolRecord(
+            tool="echo",
+            raw_arguments=raw,
+            arguments={"text": argument, argument: argument},
+            outcome="ran",
+            started=True,
+            where="host",
+            argv=("echo", argument),
+            exit_code=0,
+            duration_s=0.25,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_bytes=len(stdout),
+            stderr_bytes=len(stderr),
+        ),
+        TaskRecord("passed", content, (Check(argument, True, stdout),), 1.5, content),
     ]
+
+
+def _log(records: list[Record], recorder: Recorder) -> None:
+    run = RunRecorder(recorder, Masker(()), RUN, "t", "hosted_vllm/fake", 1)
+    for record in records:
+        run.emit(record)
 
 
 @settings(max_examples=200, deadline=None)
 @given(content=ANY_TEXT, stdout=ANY_TEXT, stderr=ANY_TEXT, argument=ANY_TEXT)
 def test_any_text_survives_the_log_and_every_reader(
-    tmp_path_factory: Any, content: str, stdout: str, stderr: str, argument: str
+    tmp_path_factory: pytest.TempPathFactory, content: str, stdout: str, stderr: str, argument: str
 ) -> None:
     records = _records(content, stdout, stderr, argument)
     path = tmp_path_factory.mktemp("log") / "calls.jsonl"
     recorder = JsonlRecorder(path.open("a", encoding="utf-8"))
-    for record in records:
-        recorder.write(record)
+    _log(records, recorder)
     recorder.close()
     data = path.read_bytes()
     # One record a line for every reader: no byte any of them splits on but the line's end.
@@ -69,19 +92,60 @@ def test_any_text_survives_the_log_and_every_reader(
     assert len(data.decode().splitlines()) == len(records)
     # merge and --rerun-failed read the file, report.html the text as written: each record
     # as JSON has it (where a high and a low surrogate side by side are one character).
-    as_json = json.loads(json.dumps(records))
-    assert read_records(path, {RUN}) == as_json
-    assert records_of(recorder.text())[RUN] == as_json
+    expected = [_json_texts(r) for r in records]
+    assert [r.record for r in read_records(path, {RUN})] == expected
+    assert [r.record for r in records_of(recorder.text())[RUN]] == expected
+    # A copy (merge, --rerun-failed) is the line as written.
+    assert "".join(r.line() for r in read_records(path, {RUN})) == data.decode()
+
+
+def _json_text(text: str) -> str:
+    return str(json.loads(json.dumps(text)))
+
+
+def _json_texts(record: Record) -> Record:
+    """The record with each text as JSON reads it back: a high and a low surrogate side by
+    side are one character."""
+    if isinstance(record, ModelRecord):
+        calls = tuple(CallAsked(c.name, _json_text(c.arguments or "")) for c in record.tool_calls)
+        return replace(record, content=_json_text(record.content or ""), tool_calls=calls)
+    if isinstance(record, ToolRecord):
+        arguments = json.loads(json.dumps(record.arguments))
+        argv = tuple(_json_text(a) for a in record.argv or ())
+        return replace(
+            record,
+            arguments=arguments,
+            argv=argv,
+            raw_arguments=_json_text(record.raw_arguments or ""),
+            stdout=_json_text(record.stdout or ""),
+            stderr=_json_text(record.stderr or ""),
+        )
+    checks = tuple(Check(_json_text(c.name), c.ok, _json_text(c.detail)) for c in record.checks)
+    text = _json_text(record.reason)
+    return replace(record, reason=text, answer=text, checks=checks)
 
 
 def test_an_older_log_with_raw_separators_reads_back(tmp_path: Path) -> None:
     """A results folder of an mm-batch that did not escape: JSON allows U+2028 raw in a
     string, so split on `\\n` only, each of its lines is still one record."""
-    records = _records(HOSTILE.replace("\ud800", "").replace("\udfff", ""), "x", "y", "z")
+    hostile = HOSTILE.replace("\ud800", "").replace("\udfff", "")
+    records = _records(hostile, "x", "y", "z")
+    lines: list[str] = []
+    _log(records, _ListRecorder(lines))
     path = tmp_path / "calls.jsonl"
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    assert read_records(path, {RUN}) == records
-    assert records_of(path.read_text())[RUN] == records
+    path.write_text("".join(lines))
+    assert [r.record for r in read_records(path, {RUN})] == records
+    assert [r.record for r in records_of(path.read_text())[RUN]] == records
+
+
+class _ListRecorder:
+    """Writes each record as an mm-batch that did not escape wrote it: raw non-ASCII."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def write(self, record: Mapping[str, object]) -> None:
+        self.lines.append(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 # -- end to end: run, merge, --rerun-failed and report.html on a hostile run's results -------

@@ -14,6 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mm_batch.report.compare import compare, compare_markdown, fisher_drop_p
+from mm_batch.report.readback import Summary
+from mm_batch.run.records import RunResult, Status
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
     Script,
@@ -87,11 +89,15 @@ def test_impossible_tables_are_refused() -> None:
         fisher_drop_p(4, 3, 0, 3)
 
 
-def _summary(runs: list[tuple[str, str, str]], **provenance: str) -> dict[str, Any]:
-    return {
-        "runs": [{"task": t, "model": m, "status": s} for t, m, s in runs],
-        "provenance": provenance,
-    }
+_STATUS: dict[str, Status] = {"passed": "passed", "failed": "failed", "error": "error"}
+
+
+def _summary(runs: list[tuple[str, str, str]], **provenance: str) -> Summary:
+    results = tuple(
+        RunResult(f"{t}[{m}]#{i}", t, m, i, _STATUS[s], "", (), 1.0, None, (), line=1, index=i)
+        for i, (t, m, s) in enumerate(runs, 1)
+    )
+    return Summary("tasks", provenance, None, len(results), 1.0, results)
 
 
 def test_only_a_significant_drop_is_a_regression_and_new_and_vanished_tasks_are_listed() -> None:
@@ -207,6 +213,7 @@ def test_compare_refuses_unusable_folders_with_exit_2(
     (damaged / "summary.json").write_text('{"runs": [{"run": 1}]}')
     result = cli("compare", base, damaged, "--out", tmp_path / "cmp")
     assert result.code == 2
-    assert "summary.json: not an mm-batch summary; nothing compared" in result.err
+    wrong = "runs[0].run: expected a string, got 1"
+    assert f"summary.json: not an mm-batch summary: {wrong}; nothing compared" in result.err
     assert not (tmp_path / "cmp").exists()
     assert cli("compare", base, base, "--alpha", "1.5", "--out", tmp_path / "c").code == 2
