@@ -15,6 +15,7 @@ import click
 from mm_batch import __version__
 from mm_batch.commands.effects import default_effects
 from mm_batch.config.load import display_path, load_tasks
+from mm_batch.config.local_catalog import local_model
 from mm_batch.config.paths import report_path
 from mm_batch.config.secrets import Masker, masker_of
 from mm_batch.effects.litellm import knows_price, litellm_version, price_model
@@ -118,6 +119,8 @@ def _unpriced(plan: Plan, masker: Masker) -> frozenset[str]:
 
 
 def provenance(plan: Plan) -> dict[str, ProvenanceValue]:
+    """What made the reports: versions, models, seeds, the sha256 of each config file and of
+    each local model's GGUF (`sha256:<file>`, `sha256:local/<name>`)."""
     files = {display_path(plan.tasks_file.path): plan.tasks_file.sha256}
     files.update({display_path(a.path): a.sha256 for a in plan.tasks_file.agents})
     seeds = {r.model: r.model_options.get("seed") for r in plan.runs}
@@ -130,6 +133,8 @@ def provenance(plan: Plan) -> dict[str, ProvenanceValue]:
         "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     data.update({f"sha256:{name}": digest for name, digest in files.items()})
+    local = (entry for model in plan.models if (entry := local_model(model)) is not None)
+    data.update({f"sha256:{entry.model}": entry.sha256 for entry in local})
     return data
 
 
