@@ -1,1 +1,2 @@
-"""Test doubles that speak real protocols (an OpenAI-compatible HTTP server)."""
+"""Test doubles that speak real protocols: the JSON HTTP server under them, and on it a fake
+OpenAI-compatible model."""

@@ -9,14 +9,13 @@ its path and headers, so that a test reads what really went over the wire.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any
+
+from mm_batch.jsontypes import JsonObject, JsonValue
+from mm_batch.testing.http_server import JsonHttpServer, RawReply, json_reply
 
 
 @dataclass(frozen=True)
@@ -37,99 +36,31 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Answer:
-    status: int
-    body: Mapping[str, Any]
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Request:
+    """A request as the fake got it, its body read by key."""
+
     path: str
     headers: Mapping[str, str]
     body: dict[str, Any]
 
 
-Respond = Callable[[Request], Answer]
+Respond = Callable[[Request], RawReply]
 
 
-class WireServer:
+class WireServer(JsonHttpServer[Request]):
     """Serve `respond` on a free loopback port; use as a context manager."""
 
     def __init__(self, respond: Respond) -> None:
-        self.respond = respond
-        self.requests: list[Request] = []
-        self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}"
-
-    def __enter__(self) -> WireServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        with self._lock:
-            for connection in self._connections:
-                with contextlib.suppress(OSError):
-                    connection.shutdown(socket.SHUT_RDWR)
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def setup(self) -> None:
-                super().setup()
-                with fake._lock:
-                    fake._connections.add(self.connection)
-
-            def finish(self) -> None:
-                with fake._lock:
-                    fake._connections.discard(self.connection)
-                super().finish()
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                request = Request(self.path, dict(self.headers.items()), body)
-                with fake._lock:
-                    fake.requests.append(request)
-                answer = fake.respond(request)
-                data = json.dumps(answer.body).encode()
-                self.send_response(answer.status)
-                headers = {"Content-Type": "application/json", **answer.headers}
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                with contextlib.suppress(OSError):
-                    self.wfile.write(data)
-
-            def log_message(self, *_args: Any) -> None:
-                return
-
-        return Handler
+        super().__init__(lambda got: Request(got.path, got.headers, got.body), respond)
 
 
 # -- Anthropic Messages API ------------------------------------------------------------------
 
 
-def _anthropic_error(message: str, status: int = 400) -> Answer:
+def _anthropic_error(message: str, status: int = 400) -> RawReply:
     kind = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
-    error = {"type": kind.get(status, "api_error"), "message": message}
-    return Answer(status, {"type": "error", "error": error})
+    error: JsonObject = {"type": kind.get(status, "api_error"), "message": message}
+    return json_reply(status, {"type": "error", "error": error})
 
 
 def anthropic_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> str | None:
@@ -175,7 +106,7 @@ def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
     """A Messages API (`POST /v1/messages`) playing `turns` in order, one per assistant turn
     already in the history; it checks the key as Anthropic does (`x-api-key`)."""
 
-    def respond(request: Request) -> Answer:
+    def respond(request: Request) -> RawReply:
         if request.path != "/v1/messages":
             return _anthropic_error(f"no route {request.path}", 404)
         if request.headers.get("x-api-key") != key:
@@ -186,7 +117,7 @@ def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
             return _anthropic_error(problem)
         n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
         turn = turns[n]
-        content: list[dict[str, Any]] = []
+        content: list[JsonValue] = []
         thinking_on = (request.body.get("thinking") or {}).get("type") == "enabled"
         if turn.thinking is not None and thinking_on:
             content.append(
@@ -200,9 +131,9 @@ def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
             content.append({"type": "text", "text": turn.text})
         for i, (name, arguments) in enumerate(turn.calls):
             content.append(
-                {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": arguments}
+                {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": dict(arguments)}
             )
-        return Answer(
+        return json_reply(
             200,
             {
                 "id": f"msg_{n}",
@@ -248,17 +179,17 @@ def bedrock_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> s
 def bedrock(turns: Sequence[Turn]) -> Respond:
     """A Bedrock runtime (`POST /model/<id>/converse`) playing `turns` in order."""
 
-    def respond(request: Request) -> Answer:
+    def respond(request: Request) -> RawReply:
         if not request.path.endswith("/converse"):
-            return Answer(404, {"message": f"no route {request.path}"})
+            return json_reply(404, {"message": f"no route {request.path}"})
         if not request.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256"):
-            return Answer(403, {"message": "Missing Authentication Token"})
+            return json_reply(403, {"message": "Missing Authentication Token"})
         problem = bedrock_history_problem(request.body, turns)
         if problem is not None:
-            return Answer(400, {"message": problem})
+            return json_reply(400, {"message": problem})
         n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
         turn = turns[n]
-        content: list[dict[str, Any]] = []
+        content: list[JsonValue] = []
         if turn.thinking is not None:
             text, signature = turn.thinking.text, turn.thinking.signature
             content.append(
@@ -268,9 +199,15 @@ def bedrock(turns: Sequence[Turn]) -> Respond:
             content.append({"text": turn.text})
         for i, (name, arguments) in enumerate(turn.calls):
             content.append(
-                {"toolUse": {"toolUseId": f"tooluse_{n}_{i}", "name": name, "input": arguments}}
+                {
+                    "toolUse": {
+                        "toolUseId": f"tooluse_{n}_{i}",
+                        "name": name,
+                        "input": dict(arguments),
+                    }
+                }
             )
-        return Answer(
+        return json_reply(
             200,
             {
                 "output": {"message": {"role": "assistant", "content": content}},
