@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -148,7 +149,7 @@ def test_a_litellm_that_cannot_be_imported_is_a_clear_error(
 def test_a_failed_import_fails_every_caller_alike() -> None:
     calls: list[int] = []
 
-    def load() -> object:
+    def load() -> ModuleType:
         calls.append(1)
         raise ModuleNotFoundError("No module named 'litellm'")
 
@@ -164,10 +165,12 @@ def test_every_caller_waits_for_the_one_import_in_flight() -> None:
     release = threading.Event()
     calls: list[int] = []
 
-    def load() -> object:
+    module = ModuleType("litellm")
+
+    def load() -> ModuleType:
         calls.append(1)
         release.wait(5)
-        return "module"
+        return module
 
     background = BackgroundImport(load)
     background.start()
@@ -180,7 +183,7 @@ def test_every_caller_waits_for_the_one_import_in_flight() -> None:
     release.set()
     for waiter in waiters:
         waiter.join(5)
-    assert results == ["module", "module"] and calls == [1]
+    assert results == [module, module] and calls == [1]
 
 
 def test_in_process_main_returns_its_code(fake_model: Fake, tmp_path: Path) -> None:
