@@ -18,7 +18,7 @@ import textwrap
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -38,6 +38,7 @@ from mm_batch.testing.fake_openai import (
     tool_call,
     turn,
 )
+from mm_batch.tools import text_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "release"
@@ -528,3 +529,76 @@ class HeldReply:
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
+
+
+# --- waiting, and work counted instead of timed ----------------------------------------------
+# No test compares elapsed time to a bound (tests/test_test_layout.py checks it): a test asserts
+# the order of events, or counts the work done; speed goals are benchmarks (benchmarks/).
+
+# Added to a deadline the product promises (its own constant, read from the code), for a machine
+# loaded with other work: the one way a wall-clock figure enters a test.
+SLACK_S = 10.0
+
+
+def wait_for(predicate: Callable[[], bool], what: str, give_up_after: float = 120.0) -> None:
+    """Poll until `predicate()` holds, failing with `what` once `give_up_after` seconds passed.
+
+    The give-up only turns a hang into a failure that says what never happened; it claims no
+    speed, unless a test passes a deadline the product promises (its constant plus SLACK_S).
+    """
+    deadline = time.monotonic() + give_up_after
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up after {give_up_after:g} s waiting until {what}", pytrace=False)
+        time.sleep(0.05)
+
+
+class RescueMeter:
+    """The text rescue's work (tools/text_calls.py) in characters, not seconds: those handed to
+    the JSON decoder and those walked to skip a malformed value, against what its budget allows
+    for the texts it was given (linear in them). Past that bound the next decode fails with an
+    AssertionError, so that a quadratic rescue fails the test at once instead of running for
+    hours; `over` then says by how much. Installed for the test through `monkeypatch`, on
+    `recover_tool_calls` as the loop calls it and as the test module imports it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from mm_batch.run import loop
+
+        self.texts: list[int] = []  # the length of each text rescued
+        self.decoded = 0
+        self.walked = 0
+        self.over: str | None = None
+        self._decoder = text_calls._DECODER
+        self._span_end = text_calls._span_end
+        self._recover = text_calls.recover_tool_calls
+        monkeypatch.setattr(text_calls, "_DECODER", self)
+        monkeypatch.setattr(text_calls, "_span_end", self._walk)
+        monkeypatch.setattr(text_calls, "recover_tool_calls", self.recover_tool_calls)
+        monkeypatch.setattr(loop, "recover_tool_calls", self.recover_tool_calls)
+
+    @property
+    def decode_bound(self) -> int:
+        """The budget of each text, plus the one attempt that may begin before it runs out."""
+        return sum(
+            text_calls.BUDGET_PER_CHAR * n + text_calls.BUDGET_FLOOR + 2 * text_calls.CALL_LIMIT
+            for n in self.texts
+        )
+
+    def recover_tool_calls(self, text: str, known: Collection[str]) -> list[text_calls.TextCall]:
+        self.texts.append(len(text))
+        return self._recover(text, known)
+
+    def raw_decode(self, piece: str) -> tuple[object, int]:
+        self.decoded += len(piece)
+        if self.decoded > self.decode_bound:
+            self.over = f"decoded {self.decoded} characters of texts of {self.texts}"
+            raise AssertionError(self.over)
+        return self._decoder.raw_decode(piece)
+
+    def _walk(self, text: str, index: int) -> int:
+        end = self._span_end(text, index)
+        self.walked += end - index
+        if self.walked > sum(self.texts):
+            self.over = f"walked {self.walked} characters of texts of {self.texts}"
+            raise AssertionError(self.over)
+        return end

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from mm_batch.config.model import AgentConfig, ParamSpec, ToolSpec
 from mm_batch.config.secrets import Masker
 from mm_batch.run.ports import McpTool, ModelReply, ToolCallRequest
 from mm_batch.run.toolbox import PreparedCall, Toolbox
+from mm_batch.tools import declared
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
 from tests.helpers import Cli, write
 from tests.run.scripted import Outcome, ScriptedClient, answer, calls, run_tasks
@@ -548,27 +548,43 @@ def test_a_duplicate_in_the_same_turn_is_no_insisting(tmp_path: Path) -> None:
 RUN = 16 * 1024  # a result's stdout and stderr are each cut to 16 KiB: the longest run of '_'
 
 
-def test_the_hold_search_is_linear_in_what_was_said() -> None:
+def test_the_hold_search_is_linear_in_what_was_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear by construction, counted rather than timed: what was said is cut into words in one
+    pass, and the search is then one substring search (linear in CPython, whatever the text);
+    no regex is built for the value (the lookbehind regex it replaced took 4.7 s on half of
+    this, growing with the square of it). `python benchmarks/hostile_inputs.py` times it."""
     value = "_" * RUN + "z"
+    description = f"The key, e.g. {value}."
     tool = McpTool(
         "srv",
         "put",
         "Put a key.",
         {
             "type": "object",
-            "properties": {"key": {"type": "string", "description": f"The key, e.g. {value}."}},
+            "properties": {"key": {"type": "string", "description": description}},
             "required": ["key"],
         },
     )
     toolbox = Toolbox(_bare_agent(), [tool])
     said = "\n".join("$ ./flood\nstdout:\n" + "_" * RUN for _ in range(128))  # ~2 MiB said
-    started = time.perf_counter()
+    tokenized: list[int] = []  # the length of each text cut into words
+    words = declared._words
+
+    def counted(text: str) -> str:
+        tokenized.append(len(text))
+        return words(text)
+
+    class NoRegex:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"re.{name} called while a call was validated")
+
+    monkeypatch.setattr(declared, "_words", counted)
+    monkeypatch.setattr(declared, "re", NoRegex())
     prepared = toolbox.prepare("srv_put", json.dumps({"key": value}), said, masker=Masker([]))
-    spent = time.perf_counter() - started
     assert isinstance(prepared, InvalidCall) and HELD in prepared.problems[0]
-    # A bound far from both sides: the linear search takes about 0.25 s here, the regex it
-    # replaced took 4.7 s on half of this and grows with the square of it.
-    assert spent < 3.0, f"{spent:.1f} s for one call's validation"
+    assert tokenized.count(len(said)) == 1, tokenized  # one pass over what was said...
+    # ...and otherwise only the value and its description, each at most twice.
+    assert sum(tokenized) <= len(said) + 2 * (len(value) + len(description)), tokenized
 
 
 def _bare_agent() -> AgentConfig:

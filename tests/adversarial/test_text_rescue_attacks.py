@@ -7,14 +7,13 @@ leave, the records, the verdict and the exit code.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mm_batch.testing.fake_openai import text
-from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
+from tests.helpers import Cli, CliResult, Fake, RescueMeter, model_args, read_calls, write
 
 AGENT = """
 yolo: {yolo}
@@ -130,11 +129,13 @@ def test_a_rescued_call_is_validated_like_a_real_one(
 
 
 def test_a_ten_mib_answer_full_of_braces_ends_in_bounded_time(
-    cli: Cli, fake_model: Fake, tmp_path: Path
+    cli: Cli, fake_model: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Bounded by construction: the rescue's work is counted (linear in the answer, as its
+    budget allows), not timed; `python benchmarks/hostile_inputs.py` times it."""
     answer = ('{"name": "deploy", "arguments": {"service": [' + "1," * 2000) * 2600
-    started = time.monotonic()
+    meter = RescueMeter(monkeypatch)
     result, records = run(cli, fake_model, tmp_path, answer)
-    assert time.monotonic() - started < 30
+    assert meter.over is None and len(answer) in meter.texts
     assert not (tmp_path / "deployed").exists() and tool_records(records) == []
     assert records[-1]["status"] == "passed" and result.code == 0
