@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,17 +27,15 @@ def marking_model() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def refused_everywhere(case: str, cli: Cli, server: FakeOpenAI, tmp_path: Path) -> float:
+def refused_everywhere(case: str, cli: Cli, server: FakeOpenAI, tmp_path: Path) -> None:
     """Assert `validate` and `run` refuse the case with its exact message, and nothing ran.
 
     The fake model asks for the `mark` tool at every turn, so a file that got through would
-    leave a MARK file; the model must not even be asked. Returns validate's seconds.
+    leave a MARK file; the model must not even be asked.
     """
     folder = BAD / case
     expected = (folder / "expected.txt").read_text(encoding="utf-8")
-    started = time.monotonic()
     checked = cli("validate", "tasks.yaml", cwd=folder)
-    seconds = time.monotonic() - started
     assert (checked.code, checked.out, checked.err) == (2, "", expected)
 
     copy = tmp_path / case
@@ -52,4 +49,3 @@ def refused_everywhere(case: str, cli: Cli, server: FakeOpenAI, tmp_path: Path) 
     assert not out.exists(), "a results folder was written"
     assert server.requests == [], "the model was asked"
     assert not list(copy.rglob("MARK*")), "a tool ran"
-    return seconds
