@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import http.client
 
-# The labels docker.py puts on a run's containers (a test pins them to its constants).
+# The labels the Docker sandbox puts on a run's containers (a test pins them to its constants).
 LABEL_PID = "mm-batch.pid"
 LABEL_PID_START = "mm-batch.pid-start"
 LABEL_HOST = "mm-batch.host"
@@ -79,7 +79,7 @@ def proc_stat(pid: int) -> ProcStat | None:
 
 
 def process_start(pid: int) -> str:
-    """A process's kernel start time ("" when it is gone), as docker.py labels containers."""
+    """A process's kernel start time ("" when it is gone), as the sandbox labels containers."""
     stat = proc_stat(pid)
     return stat.start if stat is not None else ""
 
