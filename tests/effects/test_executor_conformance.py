@@ -6,7 +6,7 @@ file that moves its commands into a container must see the same behaviour.
 
 from __future__ import annotations
 
-import time
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,9 +14,16 @@ import pytest
 
 from mm_batch.config.model import SandboxSpec
 from mm_batch.effects.docker import DockerClient
-from mm_batch.effects.host import LOG_LIMIT, HostExecutor
+from mm_batch.effects.host import DRAIN_S, KILL_GRACE_S, LOG_LIMIT, HostExecutor
 from mm_batch.run.ports import ExecResult, Executor
 from tests.docker_support import TEST_IMAGE
+from tests.helpers import SLACK_S, wait_for
+
+# A leftover below leaves `late` this long after it starts: past the deadline of each call here
+# (a timeout of at most 2 s, KILL_GRACE_S before SIGKILL, DRAIN_S of reading), with SLACK_S for
+# a loaded machine. A call that returns before `late` exists did not wait for its leftover.
+LATE_S = math.ceil(2 + KILL_GRACE_S + DRAIN_S + SLACK_S)  # whole seconds: busybox's sleep
+LEFTOVER = f"(sleep {LATE_S}; touch late) >/dev/null 2>&1 &"
 
 
 @pytest.fixture(params=["host", pytest.param("docker", marks=pytest.mark.docker)])
@@ -93,19 +100,24 @@ def test_environment(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "PATH" in env and "HOME" in env
 
 
+def _late(run: Run) -> bool:
+    """Whether a LEFTOVER has left its marker (looked at from the sandbox: docker copies)."""
+    return run(["sh", "-c", "test -e late"]).exit_code == 0
+
+
 def test_timeout_kills_the_tree_and_the_sandbox_stays_usable(run: Run) -> None:
-    started = time.monotonic()
-    result = run(["sh", "-c", "sleep 300 & sleep 300 & wait"], timeout=1)
+    result = run(["sh", "-c", f"{LEFTOVER} {LEFTOVER} wait"], timeout=1)
     assert result.timed_out and result.exit_code is None
-    assert time.monotonic() - started < 8
+    assert not _late(run), "the call waited for its leftovers"
+
     # Killed is not yet gone: a loaded machine may take a moment to end a signalled process.
-    for _ in range(30):
+    def gone() -> bool:
         after = run(["sh", "-c", "ps -o pid,args 2>/dev/null || ps; echo usable"])
         assert after.exit_code == 0 and after.stdout.data.endswith(b"usable\n")
-        if b"sleep 300" not in after.stdout.data:
-            break
-        time.sleep(0.1)
-    assert b"sleep 300" not in after.stdout.data
+        return f"sleep {LATE_S}".encode() not in after.stdout.data
+
+    wait_for(gone, "the leftovers are gone")
+    assert not _late(run)
 
 
 def test_output_flood_is_bounded(run: Run) -> None:
@@ -166,12 +178,10 @@ def test_a_process_killed_by_a_signal(run: Run, signal_name: str, code: int) -> 
 
 
 def test_a_background_leftover_is_killed_when_the_call_returns(run: Run) -> None:
-    started = time.monotonic()
-    result = run(
-        ["sh", "-c", "(while :; do date +%s%N > tick; sleep 0.05; done) >/dev/null 2>&1 & echo go"]
-    )
+    loop = "(while :; do date +%s%N > tick; sleep 0.05; done) >/dev/null 2>&1 &"
+    result = run(["sh", "-c", f"{loop} {LEFTOVER} echo go"])
     assert result.exit_code == 0 and result.stdout.data == b"go\n"
-    assert time.monotonic() - started < 5  # the call returned; its leftover did not hold it
+    assert not _late(run), "the call waited for its leftover"  # (or the loop would hold it)
     after = run(["sh", "-c", 'a=$(cat tick); sleep 0.5; b=$(cat tick); [ "$a" = "$b" ]'])
     assert after.exit_code == 0, "the background loop still ran during the next call"
 
@@ -192,11 +202,10 @@ def test_a_timeout_keeps_the_workspace(
     ["cat /dev/zero", "yes flooding-stdout", "yes flooding-stderr >&2", "yes | tee /dev/stderr"],
 )
 def test_a_call_still_printing_at_its_timeout_is_a_timeout(run: Run, flood: str) -> None:
-    started = time.monotonic()
-    result = run(["sh", "-c", flood], timeout=2)
+    result = run(["sh", "-c", f"{LEFTOVER} {flood}"], timeout=2)
     # Read on while it is killed: the kill is never held up by the output (it was 20 s).
     assert result.timed_out and result.error is None and result.started, result
-    assert time.monotonic() - started < 2 + 5
+    assert not _late(run), "the kill waited on the output"
     assert result.stdout.total + result.stderr.total > 0
 
 
