@@ -43,6 +43,8 @@ _TRANSIENT_STATUS = {408, 409, 429}
 # a broken or hostile answer is not retried, it is named.
 _MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
 _DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
+# A protobuf Duration in JSON, as a RetryInfo quotes it in an error's body: `"retryDelay": "37s"`.
+_RETRY_DELAY = re.compile(r'"retryDelay"\s*:\s*"([0-9]+(?:\.[0-9]+)?)s"')
 REASON_LIMIT = 300  # characters of a provider's error in a reason
 
 T = TypeVar("T")
@@ -121,7 +123,17 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:
-    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date)."""
+    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date),
+    else the `retryDelay` of a Google API's error body (`google.rpc.RetryInfo`: Gemini says
+    its wait there, with no header)."""
+    asked = _header_retry_after_s(exc, now)
+    if asked is not None:
+        return asked
+    delay = _RETRY_DELAY.search(str(exc))
+    return float(delay.group(1)) if delay else None
+
+
+def _header_retry_after_s(exc: BaseException, now: datetime | None) -> float | None:
     value: object = None
     response = getattr(exc, "response", None)
     for headers in (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.litellm import LiteLLMClient
+from mm_batch.effects.model_calls import retry_after_s
 from mm_batch.run.ports import ModelRateLimitError, ModelReply
 from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, Reply, text
 from tests.helpers import Cli, Fake, check_report, read_calls, write
@@ -109,3 +111,20 @@ def test_a_run_that_waits_on_another_run_s_429_says_so_too(fake_model: Fake) -> 
     assert str(caught.value).startswith("rate limited (429, Retry-After 2 s)")
     assert caught.value.attempts == 0  # it sent nothing: no model record for it
     assert replies[0].text == "ok"
+
+
+@pytest.mark.parametrize(
+    ("body", "asked"),
+    [
+        ('"retryDelay": "37s"', 37.0),
+        ('"retryDelay":"2.5s"', 2.5),
+        (f'"retryDelay": "{"9" * 400}s"', math.inf),  # past any deadline, never an error
+        ('"retryDelay": "soon"', None),
+        ('"message": "retry in 37s"', None),  # words are no RetryInfo
+    ],
+)
+def test_a_google_api_s_retry_delay_is_the_wait_asked(body: str, asked: float | None) -> None:
+    """Gemini says how long to wait in its error's body (`google.rpc.RetryInfo`), with no
+    `Retry-After` header; litellm quotes the body in its message."""
+    error = RuntimeError(f'GeminiException - {{"error": {{"code": 429, "details": [{{{body}}}]}}}}')
+    assert retry_after_s(error) == asked
