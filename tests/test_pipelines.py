@@ -1,9 +1,9 @@
-"""pipelines/, the GitHub action (action.yml) and the GitLab component (templates/): linted,
-valid against their platforms' published schemas, set up as documented (a pinned mm-batch,
-current actions, caches that a new pull request restores, no run after a cancel, no executor
-held by a waiting Jenkins build, the API key from each CI's secret store, annotations that name
-the model), their inputs mapped to options mm-batch has, and the GitHub workflows, the action's
-steps and the component's jobs really work."""
+"""pipelines/ and the GitLab component (templates/): linted, valid against their platforms'
+published schemas, set up as documented (a pinned mm-batch, current actions, caches that a new
+pull request restores, no run after a cancel, no executor held by a waiting Jenkins build, the
+API key from each CI's secret store, annotations that name the model), their inputs mapped to
+options mm-batch has, and the GitHub workflows and the component's jobs really work. The action
+(action.yml) and the workflow that gates through it: tests/test_action.py."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 import yaml
@@ -30,12 +29,29 @@ from mm_batch.effects import gguf
 from mm_batch.testing.fake_openai import by_prompt, text
 from tests.docker_support import REQUIRED as DOCKER_REQUIRED
 from tests.helpers import GOOD, ROOT, STATUS_EN, Fake
-
-PIPELINES = ROOT / "pipelines"
-ACTION = ROOT / "action.yml"
-COMPONENT = ROOT / "templates" / "mm-batch.yml"
-BIN = Path(sys.executable).parent
-LINT_DIR = ROOT / "tests" / "pipelines_lint"
+from tests.pipelines_support import (
+    ACTION,
+    BIN,
+    COMPONENT,
+    CURRENT_MAJOR,
+    GHA_EXPRESSION,
+    GIVEN,
+    KEY,
+    OWN_ACTION,
+    PIPELINES,
+    action_inputs,
+    actionlint_cmd,
+    check_jsonschema_bin,
+    check_mapped_argv,
+    fake_mm_batch,
+    hosted_repo,
+    mapped_options,
+    options_of,
+    outputs,
+    parsed_run,
+    run_step,
+    shellcheck_bin,
+)
 
 GITHUB = sorted(p.relative_to(PIPELINES).as_posix() for p in (PIPELINES / "github").glob("*.yml"))
 GITLAB = sorted(
@@ -51,25 +67,11 @@ HOSTED = {
     "gitlab": "gitlab/mm-batch-hosted.gitlab-ci.yml",
     "jenkins": "jenkins/Jenkinsfile.hosted",
 }
-KEY = "MM_BATCH_API_KEY"
 # Where a copied pipeline gets mm-batch: its repository at the release tag of this version
 # (OWNER: the user's source of mm-batch). "." would install the user's own project.
 PINNED_PACKAGE = re.compile(
     r"mm-batch(\[local\])? @ git\+https://github\.com/OWNER/mm-batch@v(?P<version>[0-9.]+)"
 )
-OWN_ACTION = "OWNER/mm-batch"
-
-# The major versions current when the pipelines were last reviewed (each runs on Node 24).
-CURRENT_MAJOR = {
-    "actions/checkout": 7,
-    "actions/setup-python": 7,
-    "actions/cache": 6,
-    "actions/cache/restore": 6,
-    "actions/cache/save": 6,
-    "actions/upload-artifact": 7,
-    "actions/download-artifact": 8,
-    "mikepenz/action-junit-report": 6,
-}
 
 
 def test_the_file_lists_cover_every_pipeline() -> None:
@@ -82,39 +84,8 @@ def test_the_file_lists_cover_every_pipeline() -> None:
     assert set(LOCAL) | set(HOSTED.values()) <= files
 
 
-# -- the lint tools: skipped where missing, unless MM_BATCH_REQUIRE_LINT=1 (CI) -------------------
-
-
-def missing_tool(name: str, how: str) -> NoReturn:
-    if os.environ.get("MM_BATCH_REQUIRE_LINT") == "1":
-        pytest.fail(f"{name} is missing ({how}) and MM_BATCH_REQUIRE_LINT=1 requires it")
-    pytest.skip(f"{name} is not installed here ({how})")
-
-
-def shellcheck_bin() -> str:
-    found = shutil.which("shellcheck")
-    if found is None:
-        missing_tool("shellcheck", "apt-get install shellcheck")
-    return found
-
-
-def actionlint_cmd() -> list[str]:
-    node = shutil.which("node")
-    if node is None or not (LINT_DIR / "node_modules" / "@tktco" / "node-actionlint").is_dir():
-        missing_tool("actionlint", "Node.js, then npm ci --prefix tests/pipelines_lint")
-    return [node, str(LINT_DIR / "lint.cjs")]
-
-
-def check_jsonschema_bin() -> str:
-    found = shutil.which("check-jsonschema", path=str(BIN)) or shutil.which("check-jsonschema")
-    if found is None:
-        missing_tool("check-jsonschema", "pip install -e '.[test]'")
-    return found
-
-
 # -- the script blocks of every pipeline, as each CI hands them to its shell ----------------------
 
-GHA_EXPRESSION = re.compile(r"\$\{\{.*?\}\}", re.S)
 # A Jenkinsfile's sh steps: sh '...', sh '''...''', sh "...", sh """...""", sh(script: ...).
 JENKINS_SH = re.compile(
     r"\bsh\s*\(?\s*(?:script\s*:\s*)?('''|\"\"\"|'|\")(?P<body>.*?)(?<!\\)\1", re.S
@@ -255,8 +226,10 @@ def all_blocks() -> Iterator[Block]:
 def test_every_script_block_is_found() -> None:
     """The extraction misses none: as many blocks as the files have run steps, scripts, sh steps."""
     for path in GITHUB:
-        runs = re.findall(r"^\s*(?:- )?run:[ \t]*\S", (PIPELINES / path).read_text(), re.M)
-        assert len(github_blocks(path)) == len(runs) > 0, path
+        text_ = (PIPELINES / path).read_text()
+        runs = re.findall(r"^\s*(?:- )?run:[ \t]*\S", text_, re.M)
+        assert len(github_blocks(path)) == len(runs), path
+        assert runs or f"uses: {OWN_ACTION}@" in text_, path  # the action's own are below
     for path in GITLAB:
         scripts = re.findall(r"^\s*script:", (PIPELINES / path).read_text(), re.M)
         assert len(gitlab_blocks(path)) == len(scripts) > 0, path
@@ -336,16 +309,6 @@ def test_valid_against_the_published_schema(path: str, schema: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def _options(command: str) -> set[str]:
-    sub = mm_batch_cli.commands[command]
-    return {
-        o
-        for p in sub.params
-        for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])
-        if o.startswith("--")
-    }
-
-
 @pytest.mark.parametrize("path", [*GITHUB, *GITLAB, *JENKINS])
 def test_every_mm_batch_command_they_use_exists(path: str) -> None:
     text_ = (PIPELINES / path).read_text()
@@ -353,7 +316,7 @@ def test_every_mm_batch_command_they_use_exists(path: str) -> None:
     assert uses or f"uses: {OWN_ACTION}@" in text_, "the pipeline runs mm-batch"
     for command, rest in uses:
         for option in re.findall(r"(--[a-z-]+)", rest):
-            assert option in _options(command), f"{path}: mm-batch {command} has no {option}"
+            assert option in options_of(command), f"{path}: mm-batch {command} has no {option}"
 
 
 # -- GitHub: current actions, caches a new pull request restores, no run after a cancel ----------
@@ -395,7 +358,9 @@ def test_nothing_runs_after_a_cancel(path: str) -> None:
         for item in [job, *job["steps"]]
         if "if" in item
     ]
-    assert conditions, "the reports are kept when a task failed"
+    # The reports are kept when a task failed: by the action, else by the workflow's own steps.
+    uses_action = any(s.get("uses", "").startswith(f"{OWN_ACTION}@") for s in steps(workflow))
+    assert conditions or uses_action, "the reports are kept when a task failed"
     # A further condition may narrow a step (`!cancelled() && github.event_name == 'push'`),
     # never drop the guard.
     assert all(c.startswith("${{ !cancelled()") for c in conditions), conditions
@@ -557,18 +522,6 @@ def test_jenkins_binds_the_key_from_its_credentials_for_one_stage() -> None:
 # -- the GitHub workflows, run step by step as written ------------------------------------------
 
 
-def run_step(script: str, cwd: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
-    """A `run:` step as GitHub's runner runs it (bash -e, pipefail)."""
-    return subprocess.run(
-        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
-        cwd=cwd,
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def expression(value: str, context: Mapping[str, str]) -> str:
     """The ${{ }} expressions these workflows put in a step (a matrix value, a secret)."""
 
@@ -605,11 +558,6 @@ def github_env(workflow: dict[str, Any], tmp_path: Path, **more: str) -> dict[st
     }
     env.pop("GITHUB_ACTIONS", None)
     return env
-
-
-def outputs(path: Path) -> dict[str, str]:
-    lines = path.read_text().splitlines() if path.exists() else []
-    return dict(line.split("=", 1) for line in lines)
 
 
 MIKEPENZ = "mikepenz/action-junit-report@"
@@ -726,21 +674,6 @@ def test_the_github_workflow_runs_as_documented(fake_model: Fake, tmp_path: Path
     assert "shard 2/4 missing: its runs would be absent" in merged_without.stderr
 
 
-def hosted_repo(tmp_path: Path) -> Path:
-    """A repository holding the release example, its model reached at FAKE_MODEL_URL with the
-    key from the secret store's variable, as a hosted-model workflow runs it."""
-    repo = tmp_path / "repo"
-    shutil.copytree(
-        ROOT / "examples" / "release", repo, ignore=shutil.ignore_patterns("calls-received.log")
-    )
-    agent = repo / "agent.yaml"
-    agent.write_text(
-        agent.read_text()
-        + f'model_options: {{api_base: "${{FAKE_MODEL_URL}}", api_key: "${{{KEY}}}"}}\n'
-    )
-    return repo
-
-
 def test_the_hosted_github_workflow_keeps_the_key_secret(fake_model: Fake, tmp_path: Path) -> None:
     """The key from the secret store reaches mm-batch, never a report or the log; without it the
     run stops, saying which secret is missing."""
@@ -776,55 +709,6 @@ def test_the_hosted_github_workflow_keeps_the_key_secret(fake_model: Fake, tmp_p
     assert missing.returncode == 2
     assert f"::error::the secret {KEY} is not set" in missing.stdout
     assert not results.exists()
-
-
-def test_the_compare_gate_saves_on_the_default_branch_and_compares_a_pull_request() -> None:
-    """The baseline is saved by pushes to the default branch only (a pull request's own results
-    would otherwise be found first by its next push), restored under the same path, and the
-    compare step's exit code is the job's."""
-    found = list(steps(load("github/mm-batch-compare.yml")))
-    by_action = {s["uses"].partition("@")[0]: s for s in found if "uses" in s}
-    save, restore = by_action["actions/cache/save"], by_action["actions/cache/restore"]
-    assert "github.event_name == 'push'" in save["if"]
-    assert "github.event_name == 'pull_request'" in restore["if"]
-    assert save["with"]["path"] == restore["with"]["path"] == "baseline"
-    prefixes = restore["with"]["restore-keys"].strip().splitlines()
-    assert all(save["with"]["key"].startswith(p) for p in prefixes)
-    assert "actions/cache" not in by_action  # a combined cache would also save on pull requests
-    compare = next(s for s in found if s.get("name") == "mm-batch compare")
-    assert "mm-batch compare baseline results" in compare["run"]
-    assert compare["run"].rstrip().endswith('exit "${code:-0}"')
-
-
-def test_the_compare_workflow_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
-    """Its run steps, as written: a push saves the baseline; a pull request whose status task
-    stopped working fails on the comparison, with compare.md on the job summary."""
-    repo = hosted_repo(tmp_path)
-    workflow = load("github/mm-batch-compare.yml")
-    (job,) = workflow["jobs"].values()
-    context = {f"secrets.{KEY}": "sk-test-compare", "steps.baseline.outputs.cache-matched-key": ""}
-    run, keep, compare = shell_steps(job, context)
-
-    def step(script: tuple[str, dict[str, str]], url: str, **more: str) -> int:
-        env = github_env(workflow, tmp_path, FAKE_MODEL_URL=url, MM_BATCH_MODEL="hosted_vllm/fake")
-        return run_step(script[0], repo, {**env, **script[1], **more}).returncode
-
-    good = fake_model(by_prompt(GOOD))
-    assert step(run, good.url) == 0  # on the default branch
-    assert step(keep, good.url) == 0
-    assert (repo / "baseline" / "summary.json").is_file()
-    shutil.rmtree(repo / "results")
-    replies = dict(GOOD)
-    replies[STATUS_EN] = [GOOD[STATUS_EN][1]]  # answers without running anything: fails
-    worse = fake_model(by_prompt(replies))
-    assert step(run, worse.url) == 0  # a failed task is a result to compare, exit 1 kept
-    # No baseline found (the first pull request): a notice, and nothing to fail on.
-    assert step(compare, worse.url) == 0
-    assert step(compare, worse.url, FOUND="mm-batch-baseline-abc") == 1
-    summary = (tmp_path / "sum.md").read_text()
-    assert "1 regression(s)" in summary and "| status-en |" in summary
-    data = json.loads((repo / "compare" / "compare.json").read_text())
-    assert [r["task"] for r in data["rows"] if r["regression"]] == ["status-en"]
 
 
 # -- a pinned mm-batch, never the user's own project ---------------------------------------------
@@ -880,8 +764,6 @@ def test_the_action_is_given_only_inputs_it_has(path: str) -> None:
 
 # -- the action and the component: inputs that are mm-batch options name them ---------------------
 
-# An input passed to mm-batch as one of its options says so at the end of its description.
-MAPPED = re.compile(r"\(mm-batch (?P<command>\w+) (?P<option>--[a-z-]+)\)$")
 # The inputs that are no option of mm-batch: what to run, how to install and publish it.
 ACTION_OWN_INPUTS = {
     "tasks",
@@ -891,6 +773,8 @@ ACTION_OWN_INPUTS = {
     "python-version",
     "api-key-env",
     "cache",
+    "compare-with",
+    "comment",
     "upload",
     "artifact-name",
     "summary",
@@ -907,24 +791,9 @@ COMPONENT_OWN_INPUTS = {
 }
 
 
-def action_inputs() -> dict[str, dict[str, Any]]:
-    inputs: dict[str, dict[str, Any]] = yaml.safe_load(ACTION.read_text())["inputs"]
-    return inputs
-
-
 def component_inputs() -> dict[str, dict[str, Any]]:
     inputs: dict[str, dict[str, Any]] = component_parts()[0]["spec"]["inputs"]
     return inputs
-
-
-def mapped_options(inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
-    """Each input that names an option: (command, option)."""
-    found = {}
-    for name, spec in inputs.items():
-        match = MAPPED.search(str(spec.get("description", "")).strip())
-        if match:
-            found[name] = (match.group("command"), match.group("option"))
-    return found
 
 
 def options_mm_batch_lacks(inputs: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -932,7 +801,7 @@ def options_mm_batch_lacks(inputs: Mapping[str, Mapping[str, Any]]) -> list[str]
     for name, (command, option) in mapped_options(inputs).items():
         if command not in mm_batch_cli.commands:
             problems.append(f"{name}: mm-batch has no command {command}")
-        elif option not in _options(command):
+        elif option not in options_of(command):
             problems.append(f"{name}: mm-batch {command} has no {option}")
     return problems
 
@@ -969,80 +838,6 @@ def test_the_action_and_the_component_have_the_same_options() -> None:
     assert action == component
 
 
-FAKE_MM_BATCH = """#!/bin/sh
-# Stands in for mm-batch: keeps its arguments, one per NUL-ended field, and exits 0.
-printf '%s\\0' "$@" > "$ARGV_FILE"
-"""
-
-
-def parsed_run(argv: list[str], cwd: Path) -> dict[str, Any]:
-    """mm-batch's own parser on the arguments: an option it lacks is an error here."""
-    assert argv[0] == "run"
-    previous = Path.cwd()
-    os.chdir(cwd)
-    try:
-        context = mm_batch_cli.commands["run"].make_context("run", argv[1:])
-    finally:
-        os.chdir(previous)
-    return dict(context.params)
-
-
-def param_of(option: str) -> str:
-    (name,) = [
-        p.name for p in mm_batch_cli.commands["run"].params if option in getattr(p, "opts", [])
-    ]
-    assert name is not None
-    return name
-
-
-# Every mapped input given a value, as a user would write them.
-GIVEN = {
-    "model": "hosted_vllm/a, openai/b",
-    "out": "results",
-    "sandbox": "docker",
-    "sandbox-image": "acme/tools:1",
-    "response-cache": ".cache/mm-batch/responses",
-    "args": "--repeat 2 --filter 'status-*'",
-}
-
-
-def fake_mm_batch(tmp_path: Path) -> tuple[Path, Path]:
-    folder = tmp_path / "fake-bin"
-    folder.mkdir()
-    program = folder / "mm-batch"
-    program.write_text(FAKE_MM_BATCH)
-    program.chmod(0o755)
-    return folder, tmp_path / "argv"
-
-
-def check_mapped_argv(argv: list[str], inputs: Mapping[str, Mapping[str, Any]], cwd: Path) -> None:
-    params = parsed_run(argv, cwd)
-    for name, (command, option) in mapped_options(inputs).items():
-        if command != "run":
-            continue
-        value = params[param_of(option)]
-        values = [str(v) for v in value] if isinstance(value, tuple) else [str(value)]
-        expected = [v for v in re.split(r"[,\s]+", GIVEN[name]) if v]
-        assert values == expected, (name, option, values)
-    assert params["repeat"] == 2 and params["filters"] == ("status-*",)
-
-
-def test_the_action_passes_each_input_as_its_option(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "tasks.yaml").write_text("tasks: []\n")
-    folder, argv_file = fake_mm_batch(tmp_path)
-    context = action_context(tmp_path, {"tasks": "tasks.yaml", **GIVEN})
-    script, env = action_step("run", context)
-    env = {**action_env(tmp_path), **env, "ARGV_FILE": str(argv_file)}
-    env["PATH"] = f"{folder}:{env['PATH']}"
-    done = run_step(script, repo, env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    argv = argv_file.read_text().split("\0")[:-1]
-    assert argv[:2] == ["run", "tasks.yaml"]
-    check_mapped_argv(argv, action_inputs(), repo)
-
-
 def test_the_component_passes_each_input_as_its_option(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -1062,237 +857,6 @@ def test_the_component_passes_each_input_as_its_option(tmp_path: Path) -> None:
     check_mapped_argv([a if a != "shards/2" else "results" for a in argv], component_inputs(), repo)
 
 
-# -- the action: linted, valid, and its steps run as GitHub runs them ----------------------------
-
-
-def action_as_workflow(action: Mapping[str, Any]) -> str:
-    """A reusable workflow holding the action's steps, its inputs as typed workflow inputs:
-    actionlint lints workflows, and so checks every expression and step of the action."""
-    inputs = {
-        name: {
-            "type": "string",
-            "required": bool(spec.get("required")),
-            **({"default": spec["default"]} if "default" in spec else {}),
-        }
-        for name, spec in action["inputs"].items()
-    }
-    workflow = {
-        "on": {"workflow_call": {"inputs": inputs}},
-        "jobs": {"action": {"runs-on": "ubuntu-latest", "steps": action["runs"]["steps"]}},
-    }
-    return yaml.safe_dump(workflow, sort_keys=False, width=1000)
-
-
-def actionlint_action(
-    action: Mapping[str, Any], tmp_path: Path
-) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "action-steps.yml"
-    path.write_text(action_as_workflow(action))
-    return subprocess.run(
-        [*actionlint_cmd(), str(path)], capture_output=True, text=True, check=False
-    )
-
-
-def test_actionlint_finds_nothing_in_the_action(tmp_path: Path) -> None:
-    done = actionlint_action(yaml.safe_load(ACTION.read_text()), tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 file(s), 0 problem(s)" in done.stderr
-
-
-def test_actionlint_flags_a_broken_action(tmp_path: Path) -> None:
-    action = yaml.safe_load(ACTION.read_text())
-    action["runs"]["steps"].append({"shell": "bash", "run": "echo ${{ inputs.nope }}"})
-    done = actionlint_action(action, tmp_path)
-    assert done.returncode == 1
-    (problem,) = [json.loads(line) for line in done.stdout.splitlines()]
-    assert problem["message"].startswith('property "nope" is not defined')
-
-
-def test_the_action_is_valid_against_the_published_schema() -> None:
-    done = subprocess.run(
-        [check_jsonschema_bin(), "--builtin-schema", "vendor.github-actions", str(ACTION)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_the_action_installs_itself_and_keeps_the_results_of_a_failed_task() -> None:
-    action = yaml.safe_load(ACTION.read_text())
-    assert action["runs"]["using"] == "composite"
-    text_ = ACTION.read_text()
-    assert "always()" not in text_
-    by_id = {s.get("id"): s for s in action["runs"]["steps"]}
-    assert by_id["install"]["env"]["ACTION_PATH"] == "${{ github.action_path }}"
-    (upload,) = [s for s in action["runs"]["steps"] if "upload-artifact" in s.get("uses", "")]
-    assert upload["if"].startswith("${{ !cancelled()")
-    for name, output in action["outputs"].items():
-        step, _, key = (
-            output["value"].removeprefix("${{ steps.").removesuffix(" }}").partition(".outputs.")
-        )
-        assert f"{key}=" in by_id[step]["run"] or key in ("passed", "failed", "errors"), name
-    # The secrets are the caller's: the action reads none itself.
-    assert "secrets." not in text_.replace("${{ secrets.MM_BATCH_API_KEY }}", "")
-
-
-def action_context(tmp_path: Path, inputs: Mapping[str, str]) -> dict[str, str]:
-    """What the runner fills in: the inputs (else their defaults), github.*, runner.*, env.*."""
-    defaults = {name: str(spec.get("default", "")) for name, spec in action_inputs().items()}
-    return {
-        **{f"inputs.{k}": v for k, v in {**defaults, **inputs}.items()},
-        "github.action_path": str(ROOT),
-        "github.action_repository": OWN_ACTION,
-        "github.action_ref": f"v{__version__}",
-        "runner.temp": str(tmp_path / "runner-temp"),
-    }
-
-
-def action_value(text_: str, context: Mapping[str, str]) -> str:
-    """A step's value with each ${{ }} evaluated: a name from the context (env.* from the
-    environment), a 'string', or `a || b` (the first that is not empty)."""
-
-    def evaluate(match: re.Match[str]) -> str:
-        for part in match.group(0)[3:-2].split("||"):
-            operand = part.strip()
-            if operand.startswith("'"):
-                value = operand.strip("'")
-            elif operand.startswith("env."):
-                value = os.environ.get(operand.removeprefix("env."), "")
-            else:
-                assert operand in context, f"no value for ${{{{ {operand} }}}} here"
-                value = context[operand]
-            if value:
-                return value
-        return ""
-
-    return GHA_EXPRESSION.sub(evaluate, text_)
-
-
-def action_step(step_id: str, context: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    (step,) = [s for s in action_inputs_steps() if s.get("id") == step_id]
-    assert step["shell"] == "bash"
-    env = {k: action_value(str(v), context) for k, v in step.get("env", {}).items()}
-    return step["run"], env
-
-
-def action_inputs_steps() -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = yaml.safe_load(ACTION.read_text())["runs"]["steps"]
-    return found
-
-
-def action_env(tmp_path: Path, **more: str) -> dict[str, str]:
-    temp = tmp_path / "runner-temp"
-    temp.mkdir(exist_ok=True)
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "RUNNER_TEMP": str(temp),
-        "GITHUB_ACTIONS": "true",
-        "GITHUB_STEP_SUMMARY": str(tmp_path / "sum.md"),
-        "GITHUB_OUTPUT": str(tmp_path / "output"),
-        "GITHUB_PATH": str(tmp_path / "path"),
-        **more,
-    }
-    env.pop(KEY, None)
-    return env
-
-
-FAKE_PYTHON = """#!/bin/sh
-# The runner's python3, but `-m venv DIR` makes a virtualenv whose python logs what pip is asked
-# to install and whose mm-batch is this suite's.
-if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
-    mkdir -p "$3/bin"
-    cat > "$3/bin/python" <<'PYTHON'
-#!/bin/sh
-echo "$*" >> "%(log)s"
-PYTHON
-    chmod 755 "$3/bin/python"
-    ln -s "%(mm_batch)s" "$3/bin/mm-batch"
-    exit 0
-fi
-exec "%(python)s" "$@"
-"""
-
-
-def test_the_action_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None:
-    """Its steps, as the runner runs them (inputs and github.* filled in, GITHUB_* files): it
-    installs mm-batch from its own checkout, runs the tasks, says what it found in its outputs,
-    on the job summary and in annotations naming the model, and fails with mm-batch's code."""
-    replies = dict(GOOD)
-    replies[STATUS_EN] = [GOOD[STATUS_EN][1]]  # answers without running anything: fails
-    fake = fake_model(by_prompt(replies))
-    repo = hosted_repo(tmp_path)
-    fakes = tmp_path / "python-bin"
-    fakes.mkdir()
-    pip_log = tmp_path / "pip.log"
-    python3 = fakes / "python3"
-    python3.write_text(
-        FAKE_PYTHON
-        % {"log": pip_log, "mm_batch": BIN / "mm-batch", "python": shutil.which("python3")}
-    )
-    python3.chmod(0o755)
-    inputs = {
-        "tasks": "tasks.yaml",
-        "model": "hosted_vllm/fake",
-        "out": "results",
-        "extras": "local",
-        "api-key-env": KEY,
-    }
-    context = action_context(tmp_path, inputs)
-    base = action_env(tmp_path, FAKE_MODEL_URL=fake.url)
-    base["PATH"] = f"{fakes}:{base['PATH']}"
-
-    def step(step_id: str, **more: str) -> subprocess.CompletedProcess[str]:
-        script, env = action_step(step_id, {**context, **outputs_context(tmp_path)})
-        return run_step(script, repo, {**base, **env, **more})
-
-    keys = step("keys")
-    assert keys.returncode == 0, keys.stderr
-    install = step("install")
-    assert install.returncode == 0, install.stdout + install.stderr
-    assert pip_log.read_text().splitlines() == [f"-m pip install --quiet {ROOT}[local]"]
-    (path_entry,) = (tmp_path / "path").read_text().splitlines()
-    assert (Path(path_entry) / "mm-batch").resolve() == (BIN / "mm-batch").resolve()
-    assert sorted(p.name for p in Path(path_entry).iterdir()) == ["mm-batch"]  # no python
-
-    base["PATH"] = f"{path_entry}:{base['PATH']}"
-    (tmp_path / "output").unlink()
-    run = step("run", **{KEY: "sk-test-action"})
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert outputs(tmp_path / "output") == {
-        "exit-code": "1",
-        "results-dir": "results",
-        "junit": "results/junit.xml",
-        "passed": "5",
-        "failed": "1",
-        "errors": "0",
-    }
-    assert "| hosted_vllm/fake | 5/6 |" in (tmp_path / "sum.md").read_text()
-    annotations = [line for line in run.stdout.splitlines() if line.startswith("::error ")]
-    assert len(annotations) == 1
-    assert "file=tasks.yaml,line=" in annotations[0]
-    assert "title=status-en [hosted_vllm/fake]::" in annotations[0]
-
-    # Without the summary; then without the key (a fork's pull request): exit 2, said so.
-    (tmp_path / "sum.md").unlink()
-    quiet = action_step("run", {**context, "inputs.summary": "false"})
-    done = run_step(quiet[0], repo, {**base, **quiet[1], KEY: "sk-test-action"})
-    assert done.returncode == 1 and not (tmp_path / "sum.md").exists()
-    shutil.rmtree(repo / "results")
-    missing = step("run")
-    assert missing.returncode == 2
-    assert f"::error::the API key in {KEY} is not set" in missing.stdout
-    assert not (repo / "results").exists()
-    broken = action_step("run", {**context, "inputs.args": "--filter 'status-*"})
-    done = run_step(broken[0], repo, {**base, **broken[1], KEY: "sk-test-action"})
-    assert done.returncode == 2 and "::error::args: not valid shell words" in done.stdout
-
-
-def outputs_context(tmp_path: Path) -> dict[str, str]:
-    return {f"steps.keys.outputs.{k}": v for k, v in outputs(tmp_path / "output").items()}
-
-
 # -- the component: valid against GitLab's schema, and its jobs run as GitLab runs them -----------
 
 
@@ -1303,22 +867,39 @@ def test_every_input_of_the_component_is_used_and_every_use_declared() -> None:
     assert used == set(component_inputs())
 
 
-@pytest.mark.parametrize("part", ["spec", "jobs"])
-def test_the_component_is_valid_against_gitlab_schema(part: str, tmp_path: Path) -> None:
-    """The header as GitLab reads it, and the jobs with the inputs filled in (shards: 3)."""
-    if part == "spec":
-        document: Any = component_parts()[0]
-    else:
-        document = yaml.safe_load(component_text({"tasks": "tasks.yaml", "shards": 3}))
-    path = tmp_path / f"{part}.yml"
+def gitlab_schema_check(document: object, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "document.yml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
-    done = subprocess.run(
+    return subprocess.run(
         [check_jsonschema_bin(), "--builtin-schema", "vendor.gitlab-ci", str(path)],
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+@pytest.mark.parametrize("part", ["spec", "jobs-default", "jobs-4-shards"])
+def test_the_component_is_valid_against_gitlab_schema(part: str, tmp_path: Path) -> None:
+    """Its two documents as GitLab reads them: the `spec:` header, and the jobs with the inputs
+    filled in (the defaults: one shard; and 4 shards)."""
+    if part == "spec":
+        document: object = component_parts()[0]
+    else:
+        values: dict[str, object] = {"tasks": "tasks.yaml"}
+        if part == "jobs-4-shards":
+            values["shards"] = 4
+        document = yaml.safe_load(component_text(values))
+    done = gitlab_schema_check(document, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_gitlab_schema_flags_a_broken_component(tmp_path: Path) -> None:
+    """The schema reads the header and the jobs, not only that they are YAML."""
+    header = component_parts()[0]
+    header["spec"]["inputs"]["shards"]["type"] = "integer"  # GitLab's word is number
+    assert gitlab_schema_check(header, tmp_path).returncode == 1
+    jobs = yaml.safe_load(component_text({"tasks": "tasks.yaml", "shards": 0}))
+    assert gitlab_schema_check(jobs, tmp_path).returncode == 1  # parallel: 1 to 200
 
 
 def test_the_component_publishes_the_merged_junit_report() -> None:
