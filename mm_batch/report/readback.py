@@ -15,6 +15,7 @@ fields.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import xml.etree.ElementTree as ET
@@ -85,6 +86,7 @@ MAX_USD = 1e9
 # Far above any results file mm-batch writes (each text of a record is cut at 1 MiB): a
 # bigger one is not read into memory.
 RESULTS_FILE_LIMIT = 1024**3
+READ_CHUNK = 1024**2
 # As deep as the files mm-batch reads may nest (SPEC 1): a record deeper is not one it wrote,
 # and could not be walked (masked) without exhausting the stack.
 RECORD_DEPTH_LIMIT = 64
@@ -104,7 +106,12 @@ def read_text(path: Path) -> str:
                 raise ResultsError(
                     f"{path}: {size} bytes, over the {RESULTS_FILE_LIMIT} a results file may hold"
                 )
-            return handle.read(RESULTS_FILE_LIMIT + 1).decode("utf-8")
+            # A chunk at a time: one read of the whole limit would ask for a gigabyte at once.
+            chunks = iter(lambda: handle.read(READ_CHUNK), b"")
+            data = b"".join(itertools.islice(chunks, RESULTS_FILE_LIMIT // READ_CHUNK + 1))
+            if len(data) > RESULTS_FILE_LIMIT:  # it grew as it was read
+                raise ResultsError(f"{path}: over the {RESULTS_FILE_LIMIT} a results file may hold")
+            return data.decode("utf-8")
     except NotRegularFileError as exc:
         raise ResultsError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:

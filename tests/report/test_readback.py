@@ -8,6 +8,8 @@ wrong value, `summary.schema.json` refuses too.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -368,3 +370,25 @@ def test_a_results_folder_reads_back_whole(cli: Cli, fake_model: Fake, tmp_path:
     assert kinds == ["ModelRecord", "ToolRecord", "ModelRecord", "TaskRecord"]
     # Copied line by line, the log is the file as the run wrote it.
     assert "".join(r.line() for r in records) == (out / "calls.jsonl").read_text()
+
+
+def test_a_small_results_file_is_read_without_asking_for_the_whole_limit(tmp_path: Path) -> None:
+    """Reading asks for memory as the file comes, not for the 1 GiB a results file may hold:
+    under a 512 MiB address space a small file still reads."""
+    small = tmp_path / "summary.json"
+    small.write_text('{"suite": "tasks"}', encoding="utf-8")
+    script = (
+        "import resource, sys\n"
+        "from mm_batch.report.readback import read_text\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (512 * 1024**2, resource.RLIM_INFINITY))\n"
+        "print(read_text(__import__('pathlib').Path(sys.argv[1])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(small)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '{"suite": "tasks"}'
