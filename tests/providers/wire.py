@@ -43,8 +43,24 @@ class Request:
     headers: Mapping[str, str]
     body: dict[str, Any]
 
+    def header(self, name: str) -> str | None:
+        """A header's value, its name matched as HTTP does (in any case)."""
+        wanted = name.lower()
+        return next((v for k, v in self.headers.items() if k.lower() == wanted), None)
+
 
 Respond = Callable[[Request], RawReply]
+
+
+def failing_first(replies: Sequence[RawReply], then: Respond) -> Respond:
+    """Answer the first requests with `replies` (a provider's errors), each once, in order;
+    every later one as `then` does."""
+    left = list(replies)
+
+    def respond(request: Request) -> RawReply:
+        return left.pop(0) if left else then(request)
+
+    return respond
 
 
 class WireServer(JsonHttpServer[Request]):
@@ -55,12 +71,6 @@ class WireServer(JsonHttpServer[Request]):
 
 
 # -- Anthropic Messages API ------------------------------------------------------------------
-
-
-def _anthropic_error(message: str, status: int = 400) -> RawReply:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
-    error: JsonObject = {"type": kind.get(status, "api_error"), "message": message}
-    return json_reply(status, {"type": "error", "error": error})
 
 
 def anthropic_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> str | None:
@@ -102,19 +112,28 @@ def anthropic_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) ->
     return None
 
 
+def anthropic_error(
+    status: int, message: str, headers: Mapping[str, str] | None = None
+) -> RawReply:
+    """An error as the Messages API answers it (`rate_limit_error`, `api_error`, ...)."""
+    kind = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
+    error: JsonObject = {"type": kind.get(status, "api_error"), "message": message}
+    return json_reply(status, {"type": "error", "error": error}, headers)
+
+
 def anthropic(turns: Sequence[Turn], *, key: str) -> Respond:
     """A Messages API (`POST /v1/messages`) playing `turns` in order, one per assistant turn
     already in the history; it checks the key as Anthropic does (`x-api-key`)."""
 
     def respond(request: Request) -> RawReply:
         if request.path != "/v1/messages":
-            return _anthropic_error(f"no route {request.path}", 404)
-        if request.headers.get("x-api-key") != key:
-            got = request.headers.get("x-api-key")
-            return _anthropic_error(f"invalid x-api-key: {got}", 401)
+            return anthropic_error(404, f"no route {request.path}")
+        got = request.header("x-api-key")
+        if got != key:
+            return anthropic_error(401, f"invalid x-api-key: {got}")
         problem = anthropic_history_problem(request.body, turns)
         if problem is not None:
-            return _anthropic_error(problem)
+            return anthropic_error(400, problem)
         n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
         turn = turns[n]
         content: list[JsonValue] = []
@@ -176,17 +195,36 @@ def bedrock_history_problem(body: Mapping[str, Any], turns: Sequence[Turn]) -> s
     return None
 
 
-def bedrock(turns: Sequence[Turn]) -> Respond:
-    """A Bedrock runtime (`POST /model/<id>/converse`) playing `turns` in order."""
+_BEDROCK_ERRORS = {
+    400: "ValidationException",
+    403: "UnrecognizedClientException",
+    429: "ThrottlingException",
+    500: "InternalServerException",
+}
+
+
+def bedrock_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> RawReply:
+    """An error as the Bedrock runtime answers it: the message in the body, its kind in
+    `x-amzn-ErrorType`."""
+    kind = _BEDROCK_ERRORS.get(status, "InternalServerException")
+    return json_reply(status, {"message": message}, {"x-amzn-ErrorType": kind, **(headers or {})})
+
+
+def bedrock(turns: Sequence[Turn], *, access_key: str | None = None) -> Respond:
+    """A Bedrock runtime (`POST /model/<id>/converse`) playing `turns` in order; it takes only
+    requests signed with SigV4 (by `access_key`, when given)."""
 
     def respond(request: Request) -> RawReply:
         if not request.path.endswith("/converse"):
             return json_reply(404, {"message": f"no route {request.path}"})
-        if not request.headers.get("Authorization", "").startswith("AWS4-HMAC-SHA256"):
-            return json_reply(403, {"message": "Missing Authentication Token"})
+        signed = request.header("Authorization") or ""
+        if not signed.startswith("AWS4-HMAC-SHA256"):
+            return bedrock_error(403, "Missing Authentication Token")
+        if access_key is not None and f"Credential={access_key}/" not in signed:
+            return bedrock_error(403, "The security token included in the request is invalid.")
         problem = bedrock_history_problem(request.body, turns)
         if problem is not None:
-            return json_reply(400, {"message": problem})
+            return bedrock_error(400, problem)
         n = sum(1 for m in request.body.get("messages", []) if m.get("role") == "assistant")
         turn = turns[n]
         content: list[JsonValue] = []
