@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from junitparser import JUnitXml
 
 from mm_batch.config.model import AgentConfig, TasksFile, TaskSpec
+from mm_batch.effects.model_calls import SHARED_BACKOFF
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.terminal import Progress, escape_data, github_annotations
 from mm_batch.run.records import RunResult
@@ -181,29 +182,55 @@ def test_a_429_storm_is_ridden_out_with_shared_backoff(
 
 
 def test_one_429_pauses_every_run_of_that_model(
-    cli: Cli, fake_model: Fake, release_example: Path, tmp_path: Path
+    cli: Cli,
+    fake_model: Fake,
+    release_example: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    answered: list[float] = []  # when the fake answered each request
+    """The first request is answered 429 once the first requests of the three other runs (jobs
+    4) have come too, and those once the 429 has paused the model: every later request was sent
+    after the pause began, so none may arrive while it lasts, as the model's own pause says
+    (`SHARED_BACKOFF.pending`), not a stopwatch."""
+    paused = threading.Event()
+    keys: list[str] = []  # the model's key, as the 429's run paused it
+    pause = SHARED_BACKOFF.pause
+
+    def noted(key: str, seconds: float, asked: str = "") -> None:
+        pause(key, seconds, asked)
+        keys.append(key)
+        paused.set()
+
+    monkeypatch.setattr(SHARED_BACKOFF, "pause", noted)
+    four_asked = threading.Event()
+    during_pause: list[int] = []  # each request that came while the model was paused
     lock = threading.Lock()
     good = by_prompt(GOOD)
+    answered = 0
 
     def once(request: dict[str, Any]) -> Any:
+        nonlocal answered
         with lock:
-            answered.append(time.monotonic())
-            if len(answered) == 1:
-                return HttpFailure(429, "slow down")
+            answered += 1
+            n = answered
+            if keys and SHARED_BACKOFF.pending(keys[0])[0] > 0:
+                during_pause.append(n)
+            if n == 4:
+                four_asked.set()
+        if n == 1:
+            four_asked.wait(120)
+            return HttpFailure(429, "slow down")
+        if n <= 4:  # on their way when the 429 came
+            paused.wait(120)
         return good(request)
 
-    fake = fake_model(once, 0.1)
+    fake = fake_model(once)
     out = tmp_path / "out"
     args = ("--repeat", "2", "--jobs", "4", "--out", out)
     result = cli("run", release_example / "tasks.yaml", *model_args(fake), *args)
     assert result.code == 0, result.err
-    assert len(answered) == 1 + 12 * 2  # the refused call was made again; nothing else was
-    # The 429 pauses that model for at least 1 s. Requests already on their way when it came
-    # are answered within 0.3 s of it (0.1 s of latency each); if the other three runs went on
-    # alone, theirs would come every 0.1 s or so. They wait: nothing in the rest of the pause.
-    during_pause = [t - answered[0] for t in answered[1:] if 0.3 < t - answered[0] < 1.0]
+    assert four_asked.is_set() and paused.is_set()
+    assert answered == 1 + 12 * 2  # the refused call was made again; nothing else was
     assert during_pause == []
 
 

@@ -7,7 +7,6 @@ asserts the verdict, the reason, that the run's task record is its last, and wha
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from mm_batch.effects.host import HostExecutor
+from mm_batch.run import batch as batch_module
 from mm_batch.run.ports import (
     ExecResult,
     Executor,
@@ -251,7 +251,9 @@ tasks:
     assert [(r.task, r.status) for r in out.results] == [("hangs", "failed"), ("fine", "passed")]
 
 
-def test_a_hung_run_frees_its_model_s_parallel_slot(tmp_path: Path) -> None:
+def test_a_hung_run_frees_its_model_s_parallel_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # jobs 2, but the model takes one run at a time: once the hung run is given up, the
     # other starts and passes, although the hung run's thread is still stuck in its call.
     write(tmp_path, "agent.yaml", "model_options: {max_parallel: 1}\n" + AGENT)
@@ -267,13 +269,35 @@ tasks:
   - {id: fine, prompt: fine, timeout: 30}
 """,
     )
-    started: dict[str, float] = {}
+    events: list[str] = []  # the model calls begun and the model's slot handed back, in order
+
+    # The slots are watched where the batch makes them: a hand-back is what a call must wait
+    # for, and no record shows it first (giving a run up frees its slot, then writes its verdict).
+    class NotedSlots:
+        """The model's parallel slots as the batch holds them, each hand-back noted."""
+
+        def __init__(self, slots: threading.Semaphore) -> None:
+            self._slots = slots
+
+        def acquire(self) -> bool:
+            return self._slots.acquire()
+
+        def release(self) -> None:
+            events.append("slot handed back")
+            self._slots.release()
+
+    semaphores = batch_module._semaphores
+    monkeypatch.setattr(
+        batch_module,
+        "_semaphores",
+        lambda plan: {m: NotedSlots(s) for m, s in semaphores(plan).items()},
+    )
 
     class ByPrompt(ScriptedClient):
         def complete(
             self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], timeout: float
         ) -> ModelReply:
-            started[messages[-1]["content"]] = time.monotonic()
+            events.append(f"{messages[-1]['content']} called")
             if messages[-1]["content"] == "hang":
                 return hang_forever(messages, timeout)
             return answer("fine")
@@ -289,7 +313,11 @@ tasks:
         ("hangs", "failed"),
         ("fine", "passed"),
     ]
-    assert started["fine"] - started["hang"] >= 0.3  # one at a time, as max_parallel says
+    # One at a time, as max_parallel says: each call begins once the slot of the run before is
+    # handed back ("hangs" by being given up), never beside it. "hangs" is dispatched first; the
+    # other order would hold the rule as well.
+    calls = [e for e in events if e.endswith("called")]
+    assert events == [calls[0], "slot handed back", calls[1], "slot handed back"], events
 
 
 def test_cancel_mid_run_reports_the_run_as_an_interrupted_error(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
 from mm_batch.plan import Overrides, RunSpec, make_plan
 from mm_batch.run.batch import Effects
 from mm_batch.run.ports import ModelDeadlineError
-from tests.helpers import write
+from tests.helpers import wait_for, write
 
 SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"
 STANDIN = Path(__file__).with_name("standin_llama.py")
@@ -153,34 +153,43 @@ def test_a_busy_server_does_not_starve_another() -> None:
     """Two requests of one server that always overlap keep it busy for ever, unless a waiting
     server's request stops new ones from joining in."""
     turns = CpuTurns()
-    stop = threading.Event()
-    a_ran: list[float] = []
+    give_up = time.monotonic() + 120  # no acquire below waits for it: a hang fails instead
+    events: list[str] = []
 
-    def stream(offset: float) -> None:
-        time.sleep(offset)
-        while not stop.is_set():
-            assert turns.acquire("a", time.monotonic() + 10)
-            a_ran.append(time.monotonic())
-            time.sleep(0.1)
-            turns.release("a")
+    def joins(server: str) -> bool:
+        """Whether a new request of `server` gets in now (its deadline already passed: it
+        does not wait), handed back at once."""
+        if not turns.acquire(server, 0.0):
+            return False
+        turns.release(server)
+        return True
 
-    streams = [threading.Thread(target=stream, args=(s,)) for s in (0.0, 0.05)]
-    for thread in streams:
-        thread.start()
-    time.sleep(0.3)
-    asked = time.monotonic()
-    assert turns.acquire("b", asked + 2.0), "b starved"
-    b_in = time.monotonic()
-    time.sleep(0.1)
-    b_out = time.monotonic()
-    turns.release("b")
-    time.sleep(0.3)
-    stop.set()
-    for thread in streams:
-        thread.join()
-    assert b_in - asked < 0.2  # only until the requests of a already running were done
-    assert not [t for t in a_ran if asked < t < b_out], "a started while b waited or ran"
-    assert [t for t in a_ran if t > b_out], "a goes on after b"
+    assert turns.acquire("a", give_up)
+    turns.release("a")  # a is warm: its requests now run together
+    assert turns.acquire("a", give_up) and turns.acquire("a", give_up)
+    assert joins("a")  # a third joins the two: the turn would never end
+    b_may_end = threading.Event()
+
+    def b() -> None:
+        assert turns.acquire("b", give_up), "b starved"
+        events.append("b in")
+        b_may_end.wait(120)
+        events.append("b out")
+        turns.release("b")
+
+    asking = threading.Thread(target=b, daemon=True)  # a test that fails leaves it behind
+    asking.start()
+    wait_for(lambda: not joins("a"), "b's request stops new requests of a from joining in")
+    for _ in range(2):  # the requests of a already running end: only then does b get in
+        assert "b in" not in events, "b got in while requests of a still ran"
+        events.append("a out")
+        turns.release("a")
+    wait_for(lambda: "b in" in events, "b gets its turn")
+    assert not joins("a"), "a started while b ran"
+    b_may_end.set()
+    asking.join()
+    assert joins("a"), "a goes on after b"
+    assert events == ["a out", "a out", "b in", "b out"]
 
 
 def test_the_turn_goes_to_the_server_that_waited_longest() -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
 
+from mm_batch.testing import fake_openai
 from mm_batch.testing.fake_openai import (
     Delayed,
     FakeOpenAI,
@@ -19,6 +22,7 @@ from mm_batch.testing.fake_openai import (
     Reply,
     text,
 )
+from tests.helpers import wait_for
 
 BODY = json.dumps({"model": "fake", "messages": [{"role": "user", "content": "go"}]})
 
@@ -50,10 +54,10 @@ def test_one_connection_serves_many_requests_until_the_server_stops() -> None:
         connection.close()
 
 
-def _raw_post(fake: FakeOpenAI) -> tuple[int, dict[str, str], bytes]:
+def _raw_post(fake: FakeOpenAI, timeout: float = 5) -> tuple[int, dict[str, str], bytes]:
     address = urlsplit(fake.url)
     assert address.hostname is not None and address.port is not None
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=5)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=timeout)
     try:
         connection.request(
             "POST", "/v1/chat/completions", BODY, {"Content-Type": "application/json"}
@@ -90,12 +94,34 @@ def test_failures_carry_headers_and_finished_replies_their_finish_reason() -> No
     }
 
 
-def test_delayed_replies_wait_for_that_request_only() -> None:
+def test_delayed_replies_wait_for_that_request_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `Delayed` reply pauses its own request for its seconds, and no other: the next
+    request, sent while the delayed one waits, is answered meanwhile. The fake's sleep is held
+    until the test lets it go, so that what waited is seen, not timed."""
+    pauses: list[float] = []
+    resume = threading.Event()
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        resume.wait(120)
+
+    monkeypatch.setattr(fake_openai, "time", SimpleNamespace(sleep=pause, time=time.time))
     replies: Iterator[Reply] = iter([Delayed(text("slow"), 0.5), text("fast")])
+    answered: list[str] = []
+
+    def post(fake: FakeOpenAI, timeout: float = 5) -> None:
+        status, _, body = _raw_post(fake, timeout)
+        assert status == 200
+        answered.append(json.loads(body)["choices"][0]["message"]["content"])
+
     with FakeOpenAI(lambda _r: next(replies)) as fake:
-        started = time.monotonic()
-        _raw_post(fake)
-        middle = time.monotonic()
-        _raw_post(fake)
-        ended = time.monotonic()
-    assert middle - started >= 0.5 and ended - middle < 0.3
+        slow = threading.Thread(target=post, args=(fake, 120), daemon=True)  # held meanwhile
+        try:
+            slow.start()
+            wait_for(lambda: pauses != [], "the delayed reply pauses")
+            post(fake)
+            assert (answered, pauses) == (["fast"], [0.5])  # the slow one still waits
+        finally:
+            resume.set()
+            slow.join(30)
+    assert (answered, pauses) == (["fast", "slow"], [0.5])
