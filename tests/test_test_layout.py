@@ -2,6 +2,8 @@
 beside its family of tests; no file under tests/ imports a test module or a conftest.py."""
 
 import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -75,14 +77,116 @@ def _is_clock(node: ast.expr) -> bool:
     return isinstance(func, ast.Name) and func.id in _CLOCKS - {"time"}
 
 
+def _is_reading(node: ast.expr | None) -> bool:
+    """A clock reading, or one moved by an offset (`time.monotonic() + 120`)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        return _is_reading(node.left) or _is_reading(node.right)
+    return node is not None and _is_clock(node)
+
+
+@dataclass
+class _Readings:
+    """What holds clock readings in a function (and the functions in it): names assigned one
+    (`asked = time.monotonic()`), containers filled with them (`started[k] = ...`,
+    `answered.append(...)`), loop names walking such a container, and names assigned the
+    difference of two readings (`spent = b_in - asked`)."""
+
+    names: set[str] = field(default_factory=set)
+    containers: set[str] = field(default_factory=set)
+    spans: set[str] = field(default_factory=set)
+
+    def holds(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in self.names
+        return isinstance(node, ast.Subscript) and self._container(node.value)
+
+    def _container(self, node: ast.expr) -> bool:
+        if isinstance(node, ast.Subscript):  # answered[1:]
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in self.containers
+
+    def is_span(self, node: ast.AST) -> bool:
+        """`b_in - asked`: the time between two readings."""
+        return (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Sub)
+            and self.holds(node.left)
+            and self.holds(node.right)
+        )
+
+    def learn(self, scope: ast.AST) -> None:
+        """Everything the scope assigns, until nothing new is learnt (a loop name may walk a
+        container filled further down): a function's own lines and those of the functions in
+        it (a callback fills a list its test reads), a module's own lines only."""
+        nodes = list(_walk(scope, into_functions=not isinstance(scope, ast.Module)))
+        before = None
+        while before != (len(self.names), len(self.containers), len(self.spans)):
+            before = (len(self.names), len(self.containers), len(self.spans))
+            for node in nodes:
+                self._learn(node)
+
+    def _learn(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and _is_reading(node.value):
+                    self.names.add(target.id)
+                elif isinstance(target, ast.Name) and node.value and self.is_span(node.value):
+                    self.spans.add(target.id)
+                elif (
+                    isinstance(target, ast.Subscript)
+                    and isinstance(target.value, ast.Name)
+                    and _is_reading(node.value)
+                ):
+                    self.containers.add(target.value.id)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "add", "insert")
+            and isinstance(node.func.value, ast.Name)
+            and any(_is_reading(a) for a in node.args)
+        ):
+            self.containers.add(node.func.value.id)
+        elif (
+            isinstance(node, ast.For | ast.comprehension)
+            and isinstance(node.target, ast.Name)
+            and self._container(node.iter)
+        ):
+            self.names.add(node.target.id)
+
+
+def _walk(node: ast.AST, into_functions: bool) -> Iterator[ast.AST]:
+    yield node
+    for child in ast.iter_child_nodes(node):
+        definition = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        if into_functions or not definition:
+            yield from _walk(child, into_functions)
+
+
+def _span_compared(node: ast.AST, readings: _Readings) -> bool:
+    """A comparison one of whose sides takes the time between two readings: `b_in - asked <
+    0.2`, `0.3 < t - answered[0] < 1.0`, or `spent < 0.2` after `spent = b_in - asked`."""
+    if not isinstance(node, ast.Compare):
+        return False
+    return any(
+        readings.is_span(part) or (isinstance(part, ast.Name) and part.id in readings.spans)
+        for side in [node.left, *node.comparators]
+        for part in ast.walk(side)
+    )
+
+
 def _clock_bounds(source: str) -> list[tuple[int, str]]:
-    """(line, enclosing function) of each elapsed time taken (`time.monotonic() - started`) and
-    each clock reading compared to a sum (`time.monotonic() < killed_at + 5`)."""
+    """(line, enclosing function) of each elapsed time taken (`time.monotonic() - started`),
+    each clock reading compared to a sum (`time.monotonic() < killed_at + 5`), and each
+    comparison of the time between two readings held in names (`b_in - asked < 0.2`)."""
     found: list[tuple[int, str]] = []
 
-    def visit(node: ast.AST, function: str) -> None:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            function = node.name
+    def visit(node: ast.AST, function: str, outer: _Readings) -> None:
+        readings = outer
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            function = getattr(node, "name", function)
+            readings = _Readings(set(outer.names), set(outer.containers), set(outer.spans))
+            readings.learn(node)
         elapsed = (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, ast.Sub)
@@ -95,12 +199,13 @@ def _clock_bounds(source: str) -> list[tuple[int, str]]:
                 for e in [node.left, *node.comparators]
             )
         )
-        if elapsed or within:
-            found.append((getattr(node, "lineno", 0), function))
+        where = (getattr(node, "lineno", 0), function)
+        if (elapsed or within or _span_compared(node, readings)) and where not in found:
+            found.append(where)
         for child in ast.iter_child_nodes(node):
-            visit(child, function)
+            visit(child, function, readings)
 
-    visit(ast.parse(source), "")
+    visit(ast.parse(source), "", _Readings())
     return found
 
 
@@ -115,6 +220,31 @@ def test_the_clock_scan_sees_elapsed_time_and_inline_deadlines() -> None:
         "        pass\n"
     )
     assert _clock_bounds(source) == [(5, "a"), (7, "b"), (9, "c")]
+
+
+def test_the_clock_scan_sees_the_time_between_two_readings_held_in_names() -> None:
+    source = (
+        "import time\n"
+        "def a():\n    asked = time.monotonic()\n    b_in = time.monotonic()\n"
+        "    assert b_in - asked < 0.2\n"  # 5
+        "def b():\n    started = time.monotonic()\n    middle = time.perf_counter()\n"
+        "    ended = time.time()\n"
+        "    assert middle - started >= 0.5 and ended - middle < 0.3\n"  # 10
+        "def c():\n    answered = []\n"
+        "    def once():\n        answered.append(time.monotonic())\n"
+        "    late = [t - answered[0] for t in answered[1:] if 0.3 < t - answered[0] < 1.0]\n"  # 15
+        "def d():\n    started = {}\n"
+        "    def call(k):\n        started[k] = time.monotonic()\n"
+        "    assert started['fine'] - started['hang'] >= 0.3\n"  # 20
+        "def e():\n    t0 = time.monotonic()\n    t1 = time.monotonic()\n"
+        "    spent = t1 - t0\n    assert spent < 2\n"  # 25
+        "def f():\n    asked = time.monotonic()\n    b_out = time.monotonic()\n"
+        "    give_up = time.monotonic() + 120\n    a_ran = [time.monotonic()]\n"  # 30
+        "    assert not [t for t in a_ran if asked < t < b_out]\n"  # an order, not a bound
+        "    assert give_up > asked\n"
+        "    spans = [(1.0, 2.0)]\n    assert spans[0][1] - spans[0][0] < 1\n"  # not readings
+    )
+    assert _clock_bounds(source) == [(5, "a"), (10, "b"), (15, "c"), (20, "d"), (25, "e")]
 
 
 def test_no_test_compares_elapsed_time_to_a_bound() -> None:
