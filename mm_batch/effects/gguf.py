@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,8 +36,27 @@ def cache_dir() -> Path:
     return Path(base) / "mm-batch"
 
 
+def _file_name(model: LocalModel) -> str:
+    return f"{model.name}-{model.sha256[:12]}.gguf"
+
+
 def gguf_path(model: LocalModel) -> Path:
-    return cache_dir() / "models" / f"{model.name}-{model.sha256[:12]}.gguf"
+    return cache_dir() / "models" / _file_name(model)
+
+
+def bundled_path(model: LocalModel) -> Path:
+    """Where an installation may carry the model already assembled and verified, read-only
+    (the mm-batch image: `<venv>/share/mm-batch/models`); found there, no cache is needed, so
+    a job that points MM_BATCH_CACHE elsewhere still finds it."""
+    return Path(sys.prefix) / "share" / "mm-batch" / "models" / _file_name(model)
+
+
+def _bundled(model: LocalModel) -> Path | None:
+    path = bundled_path(model)
+    marker = path.with_suffix(".verified")
+    if not (path.is_file() and marker.is_file() and path.stat().st_size == model.size):
+        return None
+    return path if marker.read_text().strip() == model.sha256 else None
 
 
 def prompt_dir() -> Path:
@@ -91,6 +111,9 @@ class ModelStatus:
 
 
 def status(model: LocalModel) -> ModelStatus:
+    bundled = _bundled(model)
+    if bundled is not None:
+        return ModelStatus(model, True, bundled)
     marker = _verified_marker(model)
     path = gguf_path(model)
     cached = path if path.is_file() and marker.is_file() else None
@@ -110,7 +133,11 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def ensure_gguf(model: LocalModel) -> Path:
-    """The assembled, checksum-verified GGUF of a local model, built on first use."""
+    """The assembled, checksum-verified GGUF of a local model: the installation's own, else
+    the cache's, built on first use."""
+    bundled = _bundled(model)
+    if bundled is not None:
+        return bundled
     target = gguf_path(model)
     marker = _verified_marker(model)
     with _locked(target.with_suffix(".lock")):

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.local_catalog import CATALOG, LocalModel, local_model
-from mm_batch.effects.gguf import LocalModelError, chunk_files, ensure_gguf, gguf_path, status
+from mm_batch.effects.gguf import (
+    LocalModelError,
+    bundled_path,
+    chunk_files,
+    ensure_gguf,
+    gguf_path,
+    status,
+)
 
 CHUNKS = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 1000, b"tail"]
 
@@ -51,6 +58,32 @@ def test_assembled_once_and_verified(packaged: LocalModel, tmp_path: Path) -> No
     stamp = path.stat().st_mtime_ns
     assert ensure_gguf(packaged) == path
     assert path.stat().st_mtime_ns == stamp  # not assembled again
+
+
+def test_a_model_bundled_with_the_installation_needs_no_chunks_and_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mm-batch image carries its models assembled under `<venv>/share/mm-batch/models`:
+    a job whose MM_BATCH_CACHE points elsewhere (GitLab's component) uses them as they are."""
+    whole = b"".join(CHUNKS)
+    model = LocalModel(
+        "bundled",
+        "test",
+        ("mmbatch_test_not_there",),
+        hashlib.sha256(whole).hexdigest(),
+        len(whole),
+    )
+    monkeypatch.setattr("sys.prefix", str(tmp_path / "venv"))
+    monkeypatch.setenv("MM_BATCH_CACHE", str(tmp_path / "cache"))
+    path = bundled_path(model)
+    assert path.parent == tmp_path / "venv" / "share" / "mm-batch" / "models"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(whole)
+    assert not status(model).installed  # not verified: mm-batch wrote no marker for it
+    path.with_suffix(".verified").write_text(model.sha256 + "\n")
+    assert status(model).installed and status(model).cached == path
+    assert ensure_gguf(model) == path
+    assert not (tmp_path / "cache").exists()
 
 
 def test_corrupt_chunk_is_refused_and_nothing_is_cached(
