@@ -155,8 +155,7 @@ def _header_retry_after_s(exc: BaseException, now: datetime | None) -> float | N
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
+    when = when.replace(tzinfo=when.tzinfo or UTC)  # a date without a zone is in UTC
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
@@ -202,11 +201,12 @@ def _within(seconds: float, call: Callable[[], T]) -> T:
 @dataclass(frozen=True)
 class Retries:
     """How a client retries a turn: how many tries in all, the first backoff (doubled after
-    each try, plus up to a quarter at random), and how it sleeps (a test's clock)."""
+    each try, plus up to a quarter at random), how it sleeps, and its date (a test's clocks)."""
 
     tries: int = MODEL_TRIES
     backoff_s: float = 1.0
     sleep: Callable[[float], None] = time.sleep
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 DEFAULT_RETRIES = Retries()
@@ -263,7 +263,7 @@ def ask(
             last = exc
         if attempt < retries.tries:
             delay = retries.backoff_s * 2 ** (attempt - 1) * (1 + random.random() / 4)
-            asked = retry_after_s(last)
+            asked = retry_after_s(last, retries.now())
             delay = max(delay, asked) if asked is not None else delay
             limited = status_code(last) == 429
             if time.monotonic() + delay >= deadline:

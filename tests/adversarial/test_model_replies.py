@@ -11,6 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from mm_batch.config.secrets import NO_SECRETS
 from mm_batch.effects.litellm import LiteLLMClient
+from mm_batch.effects.model_calls import SHARED_BACKOFF
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
@@ -170,16 +172,30 @@ def test_retry_after_in_seconds_is_waited(fake_model: Fake) -> None:
     assert slept == [1.0]  # the backoff alone would be 0.01 s
 
 
-def test_retry_after_as_an_http_date_is_waited(fake_model: Fake) -> None:
-    when = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+def test_retry_after_as_an_http_date_is_waited(
+    fake_model: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)  # the client's date, as the test sets it
+    when = format_datetime(now + timedelta(seconds=2), usegmt=True)
     replies: Iterator[Reply] = iter(
         [HttpFailure(429, "slow down", {"Retry-After": when}), text("ok")]
     )
     fake = fake_model(lambda _r: next(replies))
+    paused: list[float] = []
+    pause = SHARED_BACKOFF.pause
+
+    def noted(key: str, seconds: float, asked: str = "") -> None:
+        paused.append(seconds)
+        pause(key, seconds, asked)
+
+    monkeypatch.setattr(SHARED_BACKOFF, "pause", noted)
     slept: list[float] = []
-    assert client(fake, sleep=recording(slept)).complete(MESSAGES, [], 30).text == "ok"
-    (waited,) = slept  # a 429 pauses every run of the model: this one waited out the pause
-    assert 0.9 <= waited <= 2.0  # the date has whole seconds; the backoff alone is 0.01 s
+    asking = client(fake, sleep=recording(slept))
+    asking.retries = replace(asking.retries, now=lambda: now)
+    assert asking.complete(MESSAGES, [], 30).text == "ok"
+    assert paused == [2.0]  # a 429 pauses every run of the model: the date less the client's now
+    (waited,) = slept  # this run then waited out what was left of that pause
+    assert waited <= paused[0]
 
 
 @pytest.mark.parametrize("retry_after", ["60", "9" * 5000])
