@@ -129,24 +129,71 @@ def test_two_servers_never_compute_at_once(
     assert all(port == other for port, other in overlapping), "two servers computed at once"
 
 
+class _HeldTurns(CpuTurns):
+    """The servers' turns on the CPU, noting when each request asks for its turn and when it
+    gets it or gives up (time.monotonic()), and holding the end of `held`'s requests until
+    the test lets them go (or gives up, after two minutes: a hang fails instead)."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.let_go = threading.Event()
+        self.noted: list[tuple[str, str, float]] = []
+
+    def acquire(self, server: str, deadline: float) -> bool:
+        self.noted.append(("asks", server, time.monotonic()))
+        got = super().acquire(server, deadline)
+        self.noted.append(("gets" if got else "gives up", server, time.monotonic()))
+        return got
+
+    def release(self, server: str) -> None:
+        if server == self.held:
+            self.let_go.wait(120)
+        super().release(server)
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(event, server) for event, server, _ in self.noted]
+
+
 def test_the_wait_for_the_cpu_honours_the_task_deadline(
-    local_effects: Callable[..., _Local], tmp_path: Path
+    local_effects: Callable[..., _Local], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    small, large = (CATALOG[model.removeprefix("local/")].name for model in (SMALL, LARGE))
+    turns = _HeldTurns(held=small)
+    monkeypatch.setattr("mm_batch.effects.local_models.CpuTurns", lambda: turns)
     local = local_effects(SMALL, LARGE, latency_s=2.0)
     busy = threading.Thread(target=local.complete, args=(SMALL,))
     busy.start()
-    time.sleep(0.5)  # the small model's server computes now
+    wait_for(lambda: ("gets", small) in turns.events(), "the small model's request has the CPU")
     with pytest.raises(ModelDeadlineError):
         local.complete(LARGE, timeout=0.5)
-    assert busy.is_alive()  # it gave up at its deadline, not once the CPU was free
+    # It gave up at its deadline, while the small model's request still held the CPU.
+    assert turns.events() == [
+        ("asks", small),
+        ("gets", small),
+        ("asks", large),
+        ("gives up", large),
+    ]
+    turns.let_go.set()
     busy.join()
     assert len(_calls(tmp_path)) == 1  # the large model's server was never asked
     # A request that waits, but within its deadline, counts the wait in its latency.
+    turns.let_go.clear()
+    turns.noted.clear()
     busy = threading.Thread(target=local.complete, args=(SMALL,))
     busy.start()
-    time.sleep(0.5)
-    assert local.complete(LARGE, timeout=10) >= 3.0  # 1.5 s waited, then 2 s computed
+    wait_for(lambda: ("gets", small) in turns.events(), "the small model's request has the CPU")
+    latency: list[float] = []
+    waiting = threading.Thread(target=lambda: latency.append(local.complete(LARGE, timeout=600)))
+    waiting.start()
+    wait_for(lambda: ("asks", large) in turns.events(), "the large model's request waits")
+    turns.let_go.set()
     busy.join()
+    waiting.join()
+    assert turns.events()[2:] == [("asks", large), ("gets", large)]
+    asked, got = (moment for _, server, moment in turns.noted if server == large)
+    (took,) = latency
+    assert took >= (got - asked) + 2.0  # its wait for the CPU, then the 2 s its server computed
 
 
 def test_a_busy_server_does_not_starve_another() -> None:
