@@ -68,10 +68,15 @@ _ALLOWED = {("helpers.py", "wait_for")}
 
 
 def _is_clock(node: ast.expr) -> bool:
-    """`time.monotonic()`, `perf_counter()` and the like: a reading of a clock."""
-    if not isinstance(node, ast.Call) or node.args:
+    """`time.monotonic()`, `perf_counter()`, `datetime.now(UTC)` and the like: a reading of a
+    clock."""
+    if not isinstance(node, ast.Call):
         return False
     func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in ("now", "utcnow"):
+        return ast.unparse(func.value) in ("datetime", "datetime.datetime")
+    if node.args:
+        return False
     if isinstance(func, ast.Attribute):
         return func.attr in _CLOCKS and isinstance(func.value, ast.Name) and func.value.id == "time"
     return isinstance(func, ast.Name) and func.id in _CLOCKS - {"time"}
@@ -218,8 +223,11 @@ def test_the_clock_scan_sees_elapsed_time_and_inline_deadlines() -> None:
         "def c():\n    assert time.time() < killed_at + 5\n"
         "def d():\n    deadline = time.monotonic() + 60\n    while time.monotonic() < deadline:\n"
         "        pass\n"
+        "def e():\n    assert abs((datetime.now(UTC) - stamp).total_seconds()) < 120\n"  # 14
+        "def f():\n    before = datetime.now(UTC)\n    after = datetime.datetime.now()\n"
+        "    assert before <= stamp <= after\n"  # an order, not a bound
     )
-    assert _clock_bounds(source) == [(5, "a"), (7, "b"), (9, "c")]
+    assert _clock_bounds(source) == [(5, "a"), (7, "b"), (9, "c"), (15, "e")]
 
 
 def test_the_clock_scan_sees_the_time_between_two_readings_held_in_names() -> None:
@@ -247,15 +255,148 @@ def test_the_clock_scan_sees_the_time_between_two_readings_held_in_names() -> No
     assert _clock_bounds(source) == [(5, "a"), (10, "b"), (15, "c"), (20, "d"), (25, "e")]
 
 
+# Record fields that hold a time the product measured on its own clock (SPEC: `duration_s`,
+# `latency_s`; a JUnit element's `time`), and the names the tests give such a time.
+_TIME_FIELDS = {"duration_s", "latency_s", "time"}
+_TIME_NAMES = {"duration_s", "latency_s", "waited", "elapsed"}
+# What a test wraps a time in, keeping it a time: a number of it, its size, the largest of many.
+_KEEPING = {"float", "int", "round", "abs", "max", "min", "sum"}
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """A number written in the test (`2.0`, `-1`, `1e3 * 60`), not a constant of the product."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _is_literal(node.operand)
+    return isinstance(node, ast.BinOp) and _is_literal(node.left) and _is_literal(node.right)
+
+
+@dataclass
+class _Times:
+    """What holds a measured time in a function (and the functions in it): names assigned one
+    (`took = reply.latency_s`), lists of them (`runs = [float(c.get("time")) ...]`) and loop
+    names walking those."""
+
+    names: set[str] = field(default_factory=set)
+
+    def measured(self, node: ast.expr) -> bool:
+        """A time read from a record's field or a name holding one, as it is or moved or scaled
+        by numbers written in the test (`float(case.get("time") or 0) * 1000`); not its
+        difference from a value the test computed (`abs(duration - wall) < 0.002`)."""
+        if isinstance(node, ast.Name):
+            return node.id in _TIME_NAMES or node.id in self.names
+        if isinstance(node, ast.Attribute):
+            return node.attr in _TIME_FIELDS - {"time"}  # `time.time` is a clock, not a field
+        if isinstance(node, ast.Subscript):
+            key = node.slice
+            return (isinstance(key, ast.Constant) and key.value in _TIME_FIELDS) or self.measured(
+                node.value
+            )
+        if isinstance(node, ast.Call):
+            func, args = node.func, node.args
+            if isinstance(func, ast.Attribute) and func.attr == "get" and args:
+                return isinstance(args[0], ast.Constant) and args[0].value in _TIME_FIELDS
+            return isinstance(func, ast.Name) and func.id in _KEEPING and self._keeps(args)
+        if isinstance(node, ast.BoolOp):  # `case.get("time") or 0`
+            return self._keeps(node.values)
+        if isinstance(node, ast.BinOp):
+            return self._keeps([node.left, node.right])
+        if isinstance(node, ast.UnaryOp):
+            return self.measured(node.operand)
+        if isinstance(node, ast.ListComp | ast.GeneratorExp | ast.SetComp):
+            return self.measured(node.elt)
+        return isinstance(node, ast.List | ast.Tuple | ast.Set) and self._keeps(node.elts)
+
+    def _keeps(self, parts: list[ast.expr]) -> bool:
+        """Some of `parts` a time, the others numbers written in the test."""
+        return any(self.measured(p) for p in parts) and all(
+            self.measured(p) or _is_literal(p) for p in parts
+        )
+
+    def learn(self, scope: ast.AST) -> None:
+        nodes = list(_walk(scope, into_functions=not isinstance(scope, ast.Module)))
+        before = None
+        while before != len(self.names):
+            before = len(self.names)
+            for node in nodes:
+                if isinstance(node, ast.Assign | ast.AnnAssign | ast.NamedExpr) and node.value:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    if self.measured(node.value):
+                        self.names.update(t.id for t in targets if isinstance(t, ast.Name))
+                elif (
+                    isinstance(node, ast.For | ast.comprehension)
+                    and isinstance(node.target, ast.Name)
+                    and self.measured(node.iter)
+                ):
+                    self.names.add(node.target.id)
+
+
+def _time_field_bounds(source: str) -> list[tuple[int, str]]:
+    """(line, enclosing function) of each time a record holds (its `duration_s`, `latency_s`,
+    a JUnit `time`, a test's `waited`) bounded above by a number written in the test
+    (`waited <= 2.0`, `0.4 <= duration < 5`): under load such a time only grows. A test that
+    sets the clock asserts the exact time instead (`== 352.0`); a lower bound is a behaviour
+    (it waited at least the Retry-After) and passes."""
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, function: str, outer: _Times) -> None:
+        times = outer
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            function = getattr(node, "name", function)
+            times = _Times(set(outer.names))
+            times.learn(node)
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(
+                (isinstance(op, ast.Lt | ast.LtE) and times.measured(a) and _is_literal(b))
+                or (isinstance(op, ast.Gt | ast.GtE) and _is_literal(a) and times.measured(b))
+                for a, op, b in zip(sides, node.ops, sides[1:], strict=False)
+            ):
+                found.append((node.lineno, function))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function, times)
+
+    visit(ast.parse(source), "", _Times())
+    return found
+
+
+def test_the_time_field_scan_sees_upper_bounds_on_measured_times() -> None:
+    source = (
+        "def a():\n    (waited,) = slept\n    assert 0.9 <= waited <= 2.0\n"  # 3
+        "def b():\n    assert record['duration_s'] < 5\n"  # 5
+        "def c():\n    assert float(case.get('time') or 0) * 1000 <= 2500\n"  # 7
+        "def d():\n    took = reply.latency_s\n    assert took < 0.5\n"  # 10
+        "def e():\n    assert 5 > max(r.duration_s for r in results)\n"  # 12
+        "def f():\n    runs = [float(c.get('time')) for c in cases]\n"
+        "    for run in runs:\n        assert run < 3\n"  # 16
+        "def g():\n    assert record['duration_s'] >= 0.5\n"  # a lower bound: a behaviour
+        "    assert reply.latency_s == 352.0\n"  # the exact time of a clock the test set
+        "    assert abs(float(suite.get('time') or 0) - wall) < 0.002\n"  # the test's value
+        "    assert waited <= paused[0]\n"  # an order of two values
+        "    assert record['duration_s'] < TIMEOUT_S + SLACK_S\n"  # a promise, with slack
+        "    assert record['exit_code'] < 2 and len(records) < 5 and time.time() > 0\n"
+    )
+    assert _time_field_bounds(source) == [
+        (3, "a"),
+        (5, "b"),
+        (7, "c"),
+        (10, "d"),
+        (12, "e"),
+        (16, "f"),
+    ]
+
+
 def test_no_test_compares_elapsed_time_to_a_bound() -> None:
     """A speed goal is a benchmark under benchmarks/ that prints its figures; a test asserts the
     order of events or counts the work (a leftover's marker not yet there, characters scanned,
-    lines run), or waits with `helpers.wait_for`, whose give-up only turns a hang into a
-    failure."""
+    lines run), asserts the exact time of a clock it sets, or waits with `helpers.wait_for`,
+    whose give-up only turns a hang into a failure."""
     found = [
         f"{path.relative_to(TESTS.parent)}:{line} (in {function or 'the module'})"
         for path in _sources()
-        for line, function in _clock_bounds(path.read_text(encoding="utf-8"))
+        for text in [path.read_text(encoding="utf-8")]
+        for line, function in [*_clock_bounds(text), *_time_field_bounds(text)]
         if (path.relative_to(TESTS).as_posix(), function) not in _ALLOWED
     ]
     assert found == [], "elapsed time compared to a bound: " + ", ".join(found)
