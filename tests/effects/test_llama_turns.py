@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,22 +130,54 @@ def test_two_servers_never_compute_at_once(
     assert all(port == other for port, other in overlapping), "two servers computed at once"
 
 
-class _HeldTurns(CpuTurns):
-    """The servers' turns on the CPU, noting when each request asks for its turn and when it
-    gets it or gives up (time.monotonic()), and holding the end of `held`'s requests until
-    the test lets them go (or gives up, after two minutes: a hang fails instead)."""
+class _NotingCondition(threading.Condition):
+    """The turns' condition, calling `on_wait` before each wait on it: a request waits on it
+    only once it has joined the queue, under its lock."""
 
-    def __init__(self, held: str) -> None:
+    def __init__(self, on_wait: Callable[[], None]) -> None:
         super().__init__()
+        self._on_wait = on_wait
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._on_wait()
+        return super().wait(timeout)
+
+
+class _HeldTurns(CpuTurns):
+    """The servers' turns on the CPU, noting when each request asks for its turn, when it first
+    waits in the queue, and when it gets its turn or gives up (time.monotonic()), and holding
+    the end of `held`'s requests until the test lets them go (or gives up, after two minutes:
+    a hang fails instead)."""
+
+    def __init__(self, held: str | None = None) -> None:
+        super().__init__()
+        self._cond = _NotingCondition(self._waits)
+        self._asking = threading.local()  # the server of this thread's request, till placed
+        self._noting = threading.Lock()
         self.held = held
         self.let_go = threading.Event()
         self.noted: list[tuple[str, str, float]] = []
+        self.placed = 0  # requests that got their turn or gave up without waiting, or wait
 
     def acquire(self, server: str, deadline: float) -> bool:
-        self.noted.append(("asks", server, time.monotonic()))
+        self._note("asks", server)
+        self._asking.server = server
         got = super().acquire(server, deadline)
-        self.noted.append(("gets" if got else "gives up", server, time.monotonic()))
+        waited = self._asking.server is None
+        self._note("gets" if got else "gives up", server, placed=not waited)
         return got
+
+    def _waits(self) -> None:
+        """Called under the turns' lock, the request queued; noted once a request."""
+        server = getattr(self._asking, "server", None)
+        if server is not None:
+            self._asking.server = None
+            self._note("waits", server, placed=True)
+
+    def _note(self, event: str, server: str, placed: bool = False) -> None:
+        with self._noting:
+            self.noted.append((event, server, time.monotonic()))
+            self.placed += placed
 
     def release(self, server: str) -> None:
         if server == self.held:
@@ -153,6 +186,10 @@ class _HeldTurns(CpuTurns):
 
     def events(self) -> list[tuple[str, str]]:
         return [(event, server) for event, server, _ in self.noted]
+
+    def placed_are(self, n: int) -> Callable[[], bool]:
+        """Whether `n` requests are placed: each got its turn, gave up or waits in the queue."""
+        return lambda: self.placed == n
 
 
 def test_the_wait_for_the_cpu_honours_the_task_deadline(
@@ -172,6 +209,7 @@ def test_the_wait_for_the_cpu_honours_the_task_deadline(
         ("asks", small),
         ("gets", small),
         ("asks", large),
+        ("waits", large),
         ("gives up", large),
     ]
     turns.let_go.set()
@@ -190,8 +228,8 @@ def test_the_wait_for_the_cpu_honours_the_task_deadline(
     turns.let_go.set()
     busy.join()
     waiting.join()
-    assert turns.events()[2:] == [("asks", large), ("gets", large)]
-    asked, got = (moment for _, server, moment in turns.noted if server == large)
+    assert turns.events()[2:] == [("asks", large), ("waits", large), ("gets", large)]
+    asked, got = (m for event, server, m in turns.noted if server == large and event != "waits")
     (took,) = latency
     assert took >= (got - asked) + 2.0  # its wait for the CPU, then the 2 s its server computed
 
@@ -240,47 +278,57 @@ def test_a_busy_server_does_not_starve_another() -> None:
 
 
 def test_the_turn_goes_to_the_server_that_waited_longest() -> None:
-    turns = CpuTurns()
+    """b, then c, then a (whose turn it is) queue while a's request runs, each only once the
+    one before waits: the turn goes to b, then c, then a again."""
+    turns = _HeldTurns()
+    give_up = time.monotonic() + 120  # no acquire below waits for it: a hang fails instead
     order: list[str] = []
-    assert turns.acquire("a", time.monotonic() + 5)
+    assert turns.acquire("a", give_up)
 
-    def wait_for(server: str) -> None:
-        assert turns.acquire(server, time.monotonic() + 5)
+    def request(server: str) -> None:
+        assert turns.acquire(server, give_up)
         order.append(server)
         turns.release(server)
 
     waiters = []
-    for server in ("b", "c", "a"):
-        waiters.append(threading.Thread(target=wait_for, args=(server,)))
+    for n, server in enumerate(("b", "c", "a"), start=2):
+        waiters.append(threading.Thread(target=request, args=(server,), daemon=True))
         waiters[-1].start()
-        time.sleep(0.05)
+        wait_for(turns.placed_are(n), f"{server}'s request waits or gets its turn")
+    assert turns.events()[2:] == [
+        ("asks", "b"),
+        ("waits", "b"),
+        ("asks", "c"),
+        ("waits", "c"),
+        ("asks", "a"),
+        ("waits", "a"),
+    ]
     turns.release("a")
     for thread in waiters:
-        thread.join()
+        thread.join(120)
     assert order == ["b", "c", "a"]
 
 
 def test_a_cold_server_computes_its_first_request_alone() -> None:
-    """The first request fills the prompt cache; the requests after it then run together."""
-    turns = CpuTurns()
-    spans: list[tuple[float, float]] = []
-
-    def request() -> None:
-        assert turns.acquire("a", time.monotonic() + 5)
-        start = time.monotonic()
-        time.sleep(0.1)
-        spans.append((start, time.monotonic()))
+    """The first request fills the prompt cache: the requests that come while it runs wait
+    for its end, then run together, and another joins them."""
+    turns = _HeldTurns()
+    give_up = time.monotonic() + 120  # no acquire below waits for it: a hang fails instead
+    assert turns.acquire("a", give_up)  # cold: its first request
+    later = [
+        threading.Thread(target=lambda: turns.acquire("a", give_up), daemon=True) for _ in range(2)
+    ]
+    for n, thread in enumerate(later, start=2):
+        thread.start()
+        wait_for(turns.placed_are(n), "the request waits or gets its turn")
+    assert turns.events() == [("asks", "a"), ("gets", "a"), *[("asks", "a"), ("waits", "a")] * 2]
+    turns.release("a")  # the first request ends: the two waiting get the turn together
+    assert turns.acquire("a", 0.0), "a request still waits, or a new one cannot join the two"
+    for thread in later:
+        thread.join(120)
+    assert sorted(turns.events()[6:]) == [("asks", "a")] + [("gets", "a")] * 3
+    for _ in range(3):
         turns.release("a")
-
-    for _round in range(2):
-        pair = [threading.Thread(target=request) for _ in range(2)]
-        for thread in pair:
-            thread.start()
-        for thread in pair:
-            thread.join()
-    (a, b), (c, d) = sorted(spans[:2]), sorted(spans[2:])
-    assert a[1] <= b[0], "the cold server's first two requests ran together"
-    assert c[0] < d[1] and d[0] < c[1], "the warm server's requests should run together"
 
 
 def _restored(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
@@ -366,6 +414,16 @@ def test_without_a_folder_for_prompts_the_server_runs_as_before(
     assert prompt_dir().read_text() == "a file where the folder would be"
 
 
+def _slot_busy(directory: Path) -> bool:
+    """Whether the one stand-in's slot 0 computes now, as its /slots says."""
+    (argv_file,) = directory.glob("argv-*.json")
+    argv = json.loads(argv_file.read_text())
+    url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/slots"
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url) as answer:
+        slots = json.load(answer)
+    return bool(slots[0]["is_processing"])
+
+
 def test_a_server_stopped_mid_turn_saves_an_idle_slot_without_waiting(
     local_effects: Callable[..., _Local], tmp_path: Path
 ) -> None:
@@ -381,7 +439,7 @@ def test_a_server_stopped_mid_turn_saves_an_idle_slot_without_waiting(
 
     turn = threading.Thread(target=stopped_turn)
     turn.start()
-    time.sleep(0.5)  # slot 0 computes now; slot 1 holds a prompt
+    wait_for(lambda: _slot_busy(tmp_path), "slot 0 computes the turn")  # slot 1 holds a prompt
     local.effects.shutdown()
     turn.join()
     # Saving the busy slot would have waited for its turn to end (as llama-server does): the

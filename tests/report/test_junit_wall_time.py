@@ -3,8 +3,11 @@ parallel overlap, and the sum of their times is no time anyone waited (SPEC 7)."
 
 from __future__ import annotations
 
+import threading
 import xml.etree.ElementTree as ET
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,40 +18,78 @@ from mm_batch.config.secrets import Masker
 from mm_batch.plan import Overrides, make_plan
 from mm_batch.report.junit import junit_xml
 from mm_batch.run.records import RunResult
-from mm_batch.testing.fake_openai import text, tool_call, turn
-from tests.helpers import Cli, Fake, check_report, model_args, write, yolo_agent
+from mm_batch.testing.fake_openai import Reply, text, tool_call, turn
+from tests.helpers import (
+    Cli,
+    Fake,
+    HeldReply,
+    check_report,
+    model_args,
+    read_calls,
+    write,
+    yolo_agent,
+)
 
-AGENT = yolo_agent("wait", "Wait a while.", '["sleep", "0.6"]')
-TASKS = """\
+RUNS = 4
+AGENT = yolo_agent("wait", "Wait for the others.")
+TASKS = f"""\
 agent: agent.yaml
-jobs: 4
+jobs: {RUNS}
 tasks:
-  - {id: a, prompt: wait}
-  - {id: b, prompt: wait}
-  - {id: c, prompt: wait}
-  - {id: d, prompt: wait}
-"""
+""" + "".join(f"  - {{id: t{i}, prompt: wait}}\n" for i in range(RUNS))
 
 
 def _suites(junit: Path) -> list[ET.Element]:
     return ET.parse(junit).getroot().findall("testsuite")
 
 
+def _moment(ts: str) -> float:
+    """A record's `ts` (RFC 3339, UTC) in seconds since the epoch."""
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
 def test_a_suite_of_parallel_runs_takes_its_wall_time(
     cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
+    """Every run's first reply is held until all the runs (jobs 4) have asked for theirs, so the
+    runs overlap whatever the machine's load: the suite's time is the span from the first start
+    to the last end that the runs' own records give, not the sum of the runs' times."""
     write(tmp_path, "agent.yaml", AGENT)
     write(tmp_path, "tasks.yaml", TASKS)
-    fake = fake_model(lambda request: tool_call("wait", {}) if turn(request) == 0 else text("ok"))
-    out = tmp_path / "out"
-    result = cli("run", tmp_path / "tasks.yaml", *model_args(fake), "--out", out)
+    lock = threading.Lock()
+    asked = 0
+    with HeldReply(tool_call("wait", {})) as first:
+
+        def script(request: dict[str, Any]) -> Reply:
+            nonlocal asked
+            if turn(request) > 0:
+                return text("ok")
+            with lock:
+                asked += 1
+                if asked == RUNS:
+                    first.release()
+            return first(request)
+
+        fake = fake_model(script)
+        out = tmp_path / "out"
+        result = cli("run", tmp_path / "tasks.yaml", *model_args(fake), "--out", out)
     assert result.code == 0, result.err
+    assert asked == first.given == RUNS
     check_report(out / "junit.xml")
+    ran = [r for r in read_calls(out) if r["kind"] == "task"]
+    ends = [_moment(r["ts"]) for r in ran]
+    starts = [end - r["duration_s"] for r, end in zip(ran, ends, strict=True)]
+    # As held: every run started before any ended (each asked before any first reply came).
+    assert max(starts) < min(ends), (starts, ends)
+    span = max(ends) - min(starts)
     (suite,) = _suites(out / "junit.xml")
-    runs = [float(c.get("time") or 0) for c in suite.findall("testcase")]
-    assert min(runs) >= 0.6
-    wall = float(suite.get("time") or 0)
-    assert max(runs) <= wall < sum(runs) * 0.75, (wall, runs)
+    cases = [float(c.get("time") or 0) for c in suite.findall("testcase")]
+    durations = sorted(r["duration_s"] for r in ran)
+    assert all(abs(c - d) < 0.001 for c, d in zip(sorted(cases), durations, strict=True))
+    # The span, to the report's rounding (3 decimals; the records' microseconds), not the sum.
+    assert abs(float(suite.get("time") or 0) - span) < 0.001, (suite.get("time"), span, cases)
+    root = ET.parse(out / "junit.xml").getroot()
+    assert abs(float(root.get("time") or 0) - span) < 0.001, (root.get("time"), span)
 
 
 def _results(durations: list[float]) -> list[RunResult]:
