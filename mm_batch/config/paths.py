@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -93,6 +95,28 @@ def read_regular(path: Path, limit: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+FILE_MODE = 0o666  # less the umask, like any file the user writes
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def write_atomically(dir_fd: int, name: str, text: str) -> None:
+    """Write `name` in the folder open as `dir_fd`: beside it first, then renamed over it, so a
+    reader sees the old file or the new one whole, and never through a link. A character UTF-8
+    cannot hold (a lone surrogate) is written as its backslash escape."""
+    temporary = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(temporary, _CREATE_FLAGS, FILE_MODE, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
 
 
 def sha256(path: Path) -> str:

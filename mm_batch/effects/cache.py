@@ -12,12 +12,10 @@ is read now.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 import tempfile
 import threading
@@ -29,7 +27,7 @@ from pathlib import Path
 import click
 
 from mm_batch.config.model import CacheMode, CacheSettings
-from mm_batch.config.paths import display_path
+from mm_batch.config.paths import display_path, write_atomically
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.model_calls import (
     CALL_PARTS,
@@ -54,8 +52,6 @@ UNKEYED_OPTIONS = frozenset({"api_base", "base_url", "api_key", "timeout", "num_
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
-_FILE_MODE = 0o666  # less the umask, like any file the user writes
 
 
 @dataclass(frozen=True)
@@ -192,18 +188,7 @@ class CacheFolder:
 
     def write(self, name: str, text: str) -> None:
         """Write beside the entry, then rename over it."""
-        temporary = f".{name}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(temporary, _WRITE_FLAGS, _FILE_MODE, dir_fd=self._fd)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=self._fd)
-            raise
+        write_atomically(self._fd, name, text)
 
     def close(self) -> None:
         if self._fd >= 0:

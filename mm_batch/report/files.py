@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
 from typing import TextIO
+
+from mm_batch.config.paths import FILE_MODE, write_atomically
 
 CALLS = "calls.jsonl"
 JUNIT = "junit.xml"
@@ -23,7 +24,6 @@ SUMMARY_MD = "summary.md"
 SUMMARY_JSON = "summary.json"
 REPORT_HTML = "report.html"
 OUTPUT_FILES = (CALLS, JUNIT, SUMMARY_MD, SUMMARY_JSON, REPORT_HTML)
-_FILE_MODE = 0o666  # less the umask, like any file the user writes
 _NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -93,7 +93,7 @@ class ResultsFolder:
         fd = os.open(
             name,
             os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW,
-            _FILE_MODE,
+            FILE_MODE,
             dir_fd=self._fd,
         )
         return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
@@ -108,20 +108,4 @@ class ResultsFolder:
 
     def write(self, name: str, text: str) -> None:
         """Write beside the target, then rename over it: atomic, and never through a link."""
-        temporary = f".{name}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(
-            temporary,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
-            _FILE_MODE,
-            dir_fd=self._fd,
-        )
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=self._fd)
-            raise
+        write_atomically(self._fd, name, text)
