@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeAlias, TypeVar
 
 from mm_batch.jsontypes import JsonObject, JsonValue
@@ -22,7 +22,70 @@ class FieldError(ValueError):
     """A field that is not what the schema says, with its path in the document."""
 
     def __init__(self, path: str, problem: str) -> None:
+        # Keys come from the file: a path is shown on one line, bounded, controls spelled out.
+        path = one_line(path, 300)
         super().__init__(f"{path}: {problem}" if path else problem)
+
+
+def _unique(pairs: list[tuple[str, JsonValue]]) -> JsonObject:
+    """An object of the document; a key given twice is refused (readers disagree on which
+    value counts: Python's json takes the last, others the first)."""
+    found = dict(pairs)
+    seen: set[str] = set()
+    for key, _ in pairs if len(found) != len(pairs) else ():
+        if key in seen:
+            raise ValueError(f"the key {one_line(json.dumps(key), 60)} twice in one object")
+        seen.add(key)
+    return found
+
+
+def parse(text: str) -> JsonValue:
+    """A JSON document, each object's keys once (a ValueError, or a RecursionError for a
+    nesting deep enough, otherwise). NaN and Infinity read as numbers: `check_tree` names
+    their place."""
+    value: JsonValue = json.loads(text, object_pairs_hook=_unique)
+    return value
+
+
+# A place in a document being walked: the place it is in, and its key there.
+_Trail: TypeAlias = "tuple[_Trail, str | int] | None"
+
+
+def _path(trail: _Trail) -> str:
+    keys: list[str | int] = []
+    while trail is not None:
+        trail, key = trail
+        keys.append(key)
+    path = ""
+    for key in reversed(keys):
+        path = at(path, key)
+    return path
+
+
+def check_tree(value: JsonValue, depth_limit: int) -> None:
+    """Refuse, wherever it stands, what no file mm-batch writes holds: a number that is not
+    finite (NaN, Infinity, or 1e999, which reads as infinity: JSON has none, and a report that
+    copied one could not be written), and nesting deeper than `depth_limit` (it could not be
+    walked without exhausting the stack). Walked without recursion."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise wrong("", "a finite number", value)
+    stack: list[tuple[JsonValue, int, _Trail]] = [(value, 0, None)]
+    while stack:
+        item, depth, trail = stack.pop()
+        if depth >= depth_limit:
+            raise FieldError(_path(trail), f"nested deeper than {depth_limit}")
+        pairs: Iterable[tuple[str | int, JsonValue]] = (
+            item.items()
+            if isinstance(item, dict)
+            else enumerate(item)
+            if isinstance(item, list)
+            else ()
+        )
+        for key, child in pairs:
+            if isinstance(child, float) and not math.isfinite(child):
+                raise wrong(_path((trail, key)), "a finite number", child)
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, (trail, key)))
 
 
 def _shown(value: JsonValue) -> str:
@@ -103,13 +166,19 @@ def one_of(choices: Mapping[str, T]) -> Reader[T]:
     return read
 
 
-def each(read: Reader[T]) -> Reader[tuple[T, ...]]:
-    """A list whose every item `read` reads."""
+def each(read: Reader[T], unique: Callable[[T], str] | None = None) -> Reader[tuple[T, ...]]:
+    """A list whose every item `read` reads; with `unique`, no two items of one key."""
 
     def items(value: JsonValue, path: str) -> tuple[T, ...]:
         if not isinstance(value, list):
             raise wrong(path, "a list", value)
-        return tuple(read(item, at(path, i)) for i, item in enumerate(value))
+        found = tuple(read(item, at(path, i)) for i, item in enumerate(value))
+        first: dict[str, int] = {}
+        for i, key in enumerate(map(unique, found) if unique is not None else ()):
+            if first.setdefault(key, i) != i:
+                said = f"{one_line(key, 120)} again (it is {at(path, first[key])} too)"
+                raise FieldError(at(path, i), said)
+        return found
 
     return items
 

@@ -172,7 +172,8 @@ def merge_folders(directories: Sequence[Path]) -> Merged:
     )
     records: list[LoggedRecord] = []
     for directory, runs in zip(directories, folders, strict=True):
-        records.extend(read_records(directory / CALLS, {r.run_id for r in runs}))
+        verdicts = {r.run_id: r.status for r in runs}
+        records.extend(read_records(directory / CALLS, verdicts, verdicts))
     provenance = dict(summaries[0][1].provenance)
     provenance["merged_from"] = len(directories)
     code = exit_code(task_verdicts(results, rate))

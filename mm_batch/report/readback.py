@@ -36,11 +36,13 @@ from mm_batch.report.jsonfields import (
     anything,
     at,
     boolean,
+    check_tree,
     each,
     integer,
     nullable,
     number,
     one_of,
+    parse,
     string,
     wrong,
 )
@@ -124,10 +126,9 @@ def read_text(path: Path) -> str:
 
 def _json(text: str, where: str, what: str) -> JsonValue:
     try:
-        value: JsonValue = json.loads(text)
+        return parse(text)
     except (ValueError, RecursionError) as exc:  # a nesting deep enough exhausts the stack
         raise ResultsError(f"{where}: not {what} ({one_line(str(exc), 120)})") from None
-    return value
 
 
 def read_junit(path: Path) -> ET.Element:
@@ -177,17 +178,19 @@ def _fact(provenance: Mapping[str, ProvenanceValue], name: str) -> str | None:
     return str(provenance[name]) if name in provenance else None
 
 
-def _run(value: JsonValue, path: str) -> RunResult:
-    run = Fields(value, path)
-    run_id, task, model = (
-        run.need("run", string),
-        run.need("task", string),
-        run.need("model", string),
-    )
-    repeat = run.need("repeat", integer(1))
+def _identity(fields: Fields, path: str) -> tuple[str, str, str, int]:
+    """A run's id, task, model and repeat; the id is `<task>[<model>]#<repeat>`."""
+    run_id, task = fields.need("run", string), fields.need("task", string)
+    model, repeat = fields.need("model", string), fields.need("repeat", integer(1))
     if run_id != f"{task}[{model}]#{repeat}":
         its = f'"{task}[{model}]#{repeat}" (its task, model and repeat)'
         raise wrong(at(path, "run"), one_line(its, 120), run_id)
+    return run_id, task, model, repeat
+
+
+def _run(value: JsonValue, path: str) -> RunResult:
+    run = Fields(value, path)
+    run_id, task, model, repeat = _identity(run, path)
     return run.done(
         RunResult(
             run_id,
@@ -259,6 +262,7 @@ def _exit_code(value: JsonValue, path: str) -> int:
 def summary_of(value: JsonValue) -> Summary:
     """summary.json's document checked field by field (a `FieldError` names the first wrong
     one); the parts an older mm-batch did not write read as unknown."""
+    check_tree(value, RECORD_DEPTH_LIMIT)
     data = Fields(value, "")
     empty: JsonValue = {}
     plan = Fields(data.may("plan", anything, empty), "plan")
@@ -268,14 +272,20 @@ def summary_of(value: JsonValue) -> Summary:
     data.may("exit_code", _exit_code, None)
     coverage = (plan.may("shard", _text, None), plan.may("whole_runs", integer(0), None))
     plan.done(coverage)
+    runs = data.need("runs", each(_run, unique=lambda run: run.run_id))
+    # An unsharded plan's runs are all here (one left out would drop its verdict unseen).
+    shard, whole = coverage
+    if whole is not None and (len(runs) > whole or (shard is None and len(runs) != whole)):
+        part = "the plan is not sharded" if shard is None else "a shard holds no more"
+        raise FieldError("runs", f"{len(runs)} run(s), but plan.whole_runs says {whole} and {part}")
     return data.done(
         Summary(
             suite=data.may("suite", string, ""),
             provenance=data.may("provenance", _provenance, {}),
-            shard=coverage[0],
-            whole_runs=coverage[1],
+            shard=shard,
+            whole_runs=whole,
             min_pass_rate=float(data.may("min_pass_rate", number(1), 1.0)),
-            runs=data.need("runs", each(_run)),
+            runs=runs,
         )
     )
 
@@ -294,19 +304,6 @@ def read_summary(directory: Path) -> Summary:
 
 
 # -- calls.jsonl -------------------------------------------------------------------------------
-
-
-def _depth(value: JsonValue) -> int:
-    """How deep JSON data nests (a scalar is 0), found without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth + 1)
-            stack.extend(
-                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
-            )
-    return deepest
 
 
 @dataclass(frozen=True)
@@ -446,15 +443,11 @@ def logged_record(value: JsonValue) -> LoggedRecord:
     one)."""
     line = Fields(value, "")
     read = line.need("kind", one_of(_KINDS))
-    if _depth(line.data) > RECORD_DEPTH_LIMIT:
-        raise FieldError("", f"nested deeper than {RECORD_DEPTH_LIMIT}")
+    check_tree(line.data, RECORD_DEPTH_LIMIT)
     return line.done(
         LoggedRecord(
-            ts=line.need("ts", string),
-            run=line.need("run", string),
-            task=line.need("task", string),
-            model=line.need("model", string),
-            repeat=line.need("repeat", integer(1)),
+            line.need("ts", string),
+            *_identity(line, ""),
             seq=line.need("seq", integer(1)),
             record=read(line),
             source=line.data,
@@ -462,11 +455,15 @@ def logged_record(value: JsonValue) -> LoggedRecord:
     )
 
 
-def read_records(path: Path, runs: Collection[str]) -> tuple[LoggedRecord, ...]:
+def read_records(
+    path: Path, runs: Collection[str], verdicts: Mapping[str, Status] | None = None
+) -> tuple[LoggedRecord, ...]:
     """calls.jsonl's records, its lines split as they were written (`record_lines`). A line
     that is not a record of one of `runs` (the runs summary.json lists) is named, never
-    copied."""
+    copied; so is a run's second task record, or one whose status is not the one `verdicts`
+    (summary.json's, by run) gives."""
     records: list[LoggedRecord] = []
+    ended: set[str] = set()
     for number_, line in record_lines(read_text(path)):
         where = f"{path}:{number_}"
         document = _json(line, where, "a JSON record")
@@ -479,6 +476,13 @@ def read_records(path: Path, runs: Collection[str]) -> tuple[LoggedRecord, ...]:
                 f"{where}: a record of {one_line(record.run, 120)}, a run that "
                 f"{SUMMARY_JSON} does not list: the folder is damaged"
             )
+        if isinstance(record.record, TaskRecord):
+            said = (verdicts or {}).get(record.run, record.record.status)
+            if record.run in ended or said != record.record.status:
+                problem = f"status: {record.record.status}, but {SUMMARY_JSON} says {said}"
+                problem = "a second task record of the run" if record.run in ended else problem
+                raise ResultsError(f"{where}: {problem}: the folder is damaged")
+            ended.add(record.run)
         records.append(record)
     return tuple(records)
 

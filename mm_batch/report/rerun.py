@@ -73,7 +73,7 @@ def read_previous(directory: Path) -> Previous:
         (results,) = results_of([(directory, summary)])
         ids = frozenset(r.run_id for r in results)
         junit = junit_part(read_junit(directory / JUNIT), results, summary.suite, directory)
-        records = read_records(directory / CALLS, ids)
+        records = read_records(directory / CALLS, ids, {r.run_id: r.status for r in results})
     whole_runs = len(results) if summary.whole_runs is None else summary.whole_runs
     coverage = Coverage(summary.shard, whole_runs)
     return Previous(
