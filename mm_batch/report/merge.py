@@ -15,7 +15,7 @@ from pathlib import Path
 from mm_batch.errors import ExitCode
 from mm_batch.report.files import CALLS, JUNIT, REPORT_HTML, SUMMARY_JSON, SUMMARY_MD
 from mm_batch.report.html import group_records, report_html
-from mm_batch.report.junit import junit_part, merge_junit
+from mm_batch.report.junit import JunitPart, junit_part, merge_junit
 from mm_batch.report.readback import (
     LoggedRecord,
     MergeError,
@@ -28,6 +28,7 @@ from mm_batch.report.summary import (
     Coverage,
     Provenance,
     exit_code,
+    flaky_runs,
     one_line,
     summary_json,
     summary_markdown,
@@ -138,6 +139,24 @@ def _check_complete(summaries: Sequence[tuple[Path, Summary]]) -> None:
             )
 
 
+def _check_flaky(directory: Path, summary: Summary, part: JunitPart) -> None:
+    """An unsharded folder's junit.xml shows as flaky the very runs its min_pass_rate makes
+    flaky: one that does not was written under another rate (summary.json's edited, which
+    would turn its failures into passes here). A shard's were judged on its runs alone, and
+    an older mm-batch (no plan said) may not have written flaky runs."""
+    if summary.shard is not None or summary.whole_runs is None:
+        return
+    flaky = flaky_runs(summary.runs, summary.min_pass_rate)
+    for _, run, case in part.cases:
+        shown = any(child.tag in ("flakyFailure", "flakyError") for child in case)
+        if shown != (run.run_id in flaky):
+            raise MergeError(
+                f"{directory / JUNIT}: the test case of {one_line(run.run_id, 120)} is "
+                f"{'' if shown else 'not '}flaky, but min_pass_rate {summary.min_pass_rate:g} in "
+                f"{directory / SUMMARY_JSON} says otherwise: the folder is damaged"
+            )
+
+
 @dataclass(frozen=True)
 class Merged:
     """The merged results: every report's text in the order written, and the verdicts."""
@@ -163,13 +182,13 @@ def merge_folders(directories: Sequence[Path]) -> Merged:
     (rate,), (suite,) = rates, suites
     folders = results_of(summaries)
     results = sorted((r for runs in folders for r in runs), key=lambda r: r.index)
-    junit = merge_junit(
-        [
-            junit_part(read_junit(d / JUNIT), runs, suite, d)
-            for d, runs in zip(directories, folders, strict=True)
-        ],
-        rate,
-    )
+    parts = [
+        junit_part(read_junit(d / JUNIT), runs, suite, d)
+        for d, runs in zip(directories, folders, strict=True)
+    ]
+    for (directory, summary), part in zip(summaries, parts, strict=True):
+        _check_flaky(directory, summary, part)
+    junit = merge_junit(parts, rate)
     records: list[LoggedRecord] = []
     for directory, runs in zip(directories, folders, strict=True):
         verdicts = {r.run_id: r.status for r in runs}

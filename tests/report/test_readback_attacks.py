@@ -271,3 +271,15 @@ def test_a_run_listed_twice_is_refused_by_compare_too(
     err = _refused(cli("compare", folder, folder, "--out", folder.parent / "c"))
     said = "not an mm-batch summary: runs[2]: alpha[hosted_vllm/fake]#1 again (it is runs[0] too)"
     assert f"{folder / 'summary.json'}: {said}" in err
+
+
+def test_a_min_pass_rate_its_junit_was_not_written_under_is_refused(
+    cli: Cli, results: tuple[Path, list[str]]
+) -> None:
+    """min_pass_rate set to 0 in summary.json alone merged beta's failure into a flaky pass
+    (`as one run it would exit 0`) while the folder's junit.xml showed it failed."""
+    folder, _ = results
+    _edit(folder, "summary.json", lambda t: t.replace('"min_pass_rate": 1.0', '"min_pass_rate": 0'))
+    err = _refused(_merged(cli, folder))
+    said = "the test case of beta[hosted_vllm/fake]#1 is not flaky, but min_pass_rate 0 in"
+    assert f"{folder / 'junit.xml'}: {said}" in err
