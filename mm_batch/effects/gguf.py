@@ -19,7 +19,7 @@ from mm_batch.errors import UsageError
 LOCAL_EXTRA_HINT = (
     "pip install 'mm-batch[local]' (for a build that other machines reuse, such as a CI "
     'cache, add CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
-    '-DGGML_AVX512=OFF")'
+    '-DGGML_AVX512=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")'
 )
 
 
