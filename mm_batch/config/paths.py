@@ -78,11 +78,12 @@ def open_regular(path: Path, *, follow: bool = True) -> int:
     return fd
 
 
-def read_regular(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of the regular file `path` names: the one way mm-batch reads a
-    file it was given (tasks, agent, SKILL.md, hook and check files). Raises OSError, and
-    NotRegularFileError for a FIFO, a device, a folder or a socket."""
-    fd = open_regular(path)
+def read_regular(path: Path, limit: int, *, follow: bool = True) -> bytes:
+    """At most `limit` bytes of the regular file `path` names, a chunk at a time: the one way
+    mm-batch reads a file it was given (tasks, agent, SKILL.md, hook and check files, results
+    folders). Raises OSError, and NotRegularFileError for a FIFO, a device, a folder or a
+    socket; with `follow` False, a link is refused as in `open_regular`."""
+    fd = open_regular(path, follow=follow)
     try:
         chunks: list[bytes] = []
         left = limit

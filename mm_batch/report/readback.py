@@ -15,16 +15,16 @@ fields.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
+import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm_batch.config.model import WEEK_S
-from mm_batch.config.paths import NotRegularFileError, open_regular
+from mm_batch.config.paths import NotRegularFileError, read_regular
 from mm_batch.config.secrets import Masker
 from mm_batch.errors import UsageError
 from mm_batch.jsontypes import JsonObject, JsonValue
@@ -88,7 +88,6 @@ MAX_USD = 1e9
 # Far above any results file mm-batch writes (each text of a record is cut at 1 MiB): a
 # bigger one is not read into memory.
 RESULTS_FILE_LIMIT = 1024**3
-READ_CHUNK = 1024**2
 # As deep as the files mm-batch reads may nest (SPEC 1): a record deeper is not one it wrote,
 # and could not be walked (masked) without exhausting the stack.
 RECORD_DEPTH_LIMIT = 64
@@ -97,23 +96,20 @@ RECORD_DEPTH_LIMIT = 64
 def read_text(path: Path) -> str:
     """A results file's text; a link (it could point anywhere), a file over the limit or a
     damaged file is refused."""
-    if path.is_symlink():
-        raise ResultsError(f"{path}: a symbolic link, not a results file: refused")
     try:
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            raise ResultsError(f"{path}: a symbolic link, not a results file: refused")
+        if info.st_size > RESULTS_FILE_LIMIT:
+            raise ResultsError(
+                f"{path}: {info.st_size} bytes, over the {RESULTS_FILE_LIMIT} "
+                "a results file may hold"
+            )
         # Never through a link, never a FIFO or a device (each read could wait for ever).
-        fd = open_regular(path, follow=False)
-        with os.fdopen(fd, "rb") as handle:
-            size = os.fstat(fd).st_size
-            if size > RESULTS_FILE_LIMIT:
-                raise ResultsError(
-                    f"{path}: {size} bytes, over the {RESULTS_FILE_LIMIT} a results file may hold"
-                )
-            # A chunk at a time: one read of the whole limit would ask for a gigabyte at once.
-            chunks = iter(lambda: handle.read(READ_CHUNK), b"")
-            data = b"".join(itertools.islice(chunks, RESULTS_FILE_LIMIT // READ_CHUNK + 1))
-            if len(data) > RESULTS_FILE_LIMIT:  # it grew as it was read
-                raise ResultsError(f"{path}: over the {RESULTS_FILE_LIMIT} a results file may hold")
-            return data.decode("utf-8")
+        data = read_regular(path, RESULTS_FILE_LIMIT + 1, follow=False)
+        if len(data) > RESULTS_FILE_LIMIT:  # it grew after it was looked at
+            raise ResultsError(f"{path}: over the {RESULTS_FILE_LIMIT} a results file may hold")
+        return data.decode("utf-8")
     except NotRegularFileError as exc:
         raise ResultsError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
