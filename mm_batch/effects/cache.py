@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import stat
 import tempfile
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import click
 
 from mm_batch.config.model import CacheMode, CacheSettings
-from mm_batch.config.paths import display_path, write_atomically
+from mm_batch.config.paths import display_path, read_regular, write_atomically
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.model_calls import (
     CALL_PARTS,
@@ -51,7 +50,6 @@ MAX_ENTRY_BYTES = 32 * 1024 * 1024  # far above any completion: a bigger file is
 UNKEYED_OPTIONS = frozenset({"api_base", "base_url", "api_key", "timeout", "num_retries"})
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -96,12 +94,7 @@ def request_key(
 def _read_entry(path: Path) -> bytes:
     """A regular file's bytes, never through a link, never blocking (a FIFO), bounded: else
     an OSError (FileNotFoundError: no entry) or a ValueError."""
-    fd = os.open(path, _READ_FLAGS)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        data = handle.read(MAX_ENTRY_BYTES + 1)
+    data = read_regular(path, MAX_ENTRY_BYTES + 1, follow=False)
     if len(data) > MAX_ENTRY_BYTES:
         raise ValueError("too large")
     return data
