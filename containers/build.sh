@@ -81,8 +81,8 @@ mm_batch_image() {
 # assembled and checked here, by mm-batch's own code, into the folder the image's installation
 # carries (share/mm-batch/models: read-only, found whatever MM_BATCH_CACHE a job sets), so that
 # the image holds each model once, not its chunks as well, and no job assembles it; and
-# llama.cpp's server gets the one library Debian minbase lacks (OpenMP), as a .deb from this
-# machine's apt.
+# llama.cpp's prebuilt server (xllamacpp) gets the one library Debian minbase lacks (OpenMP), as
+# a .deb from this machine's apt.
 local_model_parts() {
     local context="$1" package wheel
     mkdir -p "$work/chunk-wheels" "$work/chunks" "$context/models"

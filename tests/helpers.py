@@ -27,7 +27,9 @@ from typing import Any, Protocol
 import pytest
 
 from mm_batch import schemas
+from mm_batch.config.local_catalog import LocalModel
 from mm_batch.effects import litellm as litellm_effects
+from mm_batch.effects.gguf import gguf_path
 from mm_batch.schemas import SchemaName
 from mm_batch.testing.fake_openai import (
     FakeOpenAI,
@@ -43,6 +45,7 @@ from mm_batch.tools import text_calls
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "release"
 JUNIT_XSD = ROOT.parent / "shared" / "data" / "junit-10.xsd"
+STANDIN_LLAMA = ROOT / "tests" / "effects" / "standin_llama.py"
 
 
 # --- the fixtures' types (tests/conftest.py) -------------------------------------------------
@@ -76,6 +79,29 @@ def write(directory: Path, name: str, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
     return path
+
+
+def standin_llama(tmp_path: Path, model: LocalModel | None = None) -> dict[str, str]:
+    """The environment that serves local models by the tests' stand-in llama-server
+    (`tests/effects/standin_llama.py`, which notes its requests in `tmp_path`) instead of the
+    local extra's server: MM_BATCH_LLAMA_SERVER names it, as a user names a build of their own.
+    With `model`, the cache (MM_BATCH_CACHE, under `tmp_path`) holds a sparse file of its size
+    marked verified, all that mm-batch checks of an assembled model."""
+    binary = tmp_path / "llama-server"
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN_LLAMA}" "$@"\n')
+    binary.chmod(0o755)
+    cache = tmp_path / "mm-batch-cache"
+    if model is not None:
+        gguf = cache / "models" / gguf_path(model).name
+        gguf.parent.mkdir(parents=True, exist_ok=True)
+        with gguf.open("wb") as sparse:
+            sparse.truncate(model.size)
+        gguf.with_suffix(".verified").write_text(model.sha256 + "\n")
+    return {
+        "MM_BATCH_LLAMA_SERVER": str(binary),
+        "MM_BATCH_CACHE": str(cache),
+        "LLAMA_STANDIN_DIR": str(tmp_path),
+    }
 
 
 def yolo_agent(

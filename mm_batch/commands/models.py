@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.effects.gguf import LOCAL_EXTRA_HINT, gguf_path, server_binary, status
+from mm_batch.effects.gguf import LOCAL_EXTRA_HINT, gguf_path, server_build, status
 from mm_batch.errors import ExitCode
 
 
@@ -24,6 +24,6 @@ def models() -> int:
                 [*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]
             ).rstrip()
         )
-    binary = server_binary()
-    click.echo(f"llama-server: {binary if binary else 'not installed: ' + LOCAL_EXTRA_HINT}")
+    server = server_build()
+    click.echo(f"llama-server: {server.label if server else 'not installed: ' + LOCAL_EXTRA_HINT}")
     return ExitCode.PASSED

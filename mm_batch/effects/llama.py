@@ -20,9 +20,10 @@ from mm_batch.config.local_catalog import LocalModel
 from mm_batch.effects.gguf import (
     LOCAL_EXTRA_HINT,
     LocalModelError,
+    ServerBuild,
     prompt_dir,
     prompt_name,
-    server_binary,
+    server_build,
 )
 from mm_batch.effects.host import start_service, stop_service
 
@@ -65,16 +66,16 @@ def _free_port() -> int:
 class LlamaServer:
     """One llama-server process, with as many slots as the run has parallel jobs for it."""
 
-    def __init__(self, model: LocalModel, slots: int, binary: Path, gguf: Path) -> None:
-        """`binary` from check_installed, `gguf` from ensure_gguf: resolved once, before runs."""
+    def __init__(self, model: LocalModel, slots: int, server: ServerBuild, gguf: Path) -> None:
+        """`server` from check_installed, `gguf` from ensure_gguf: resolved once, before runs."""
         self.model = model
         self.slots = max(1, slots)
-        self.binary = binary
+        self.server = server
         self.gguf = gguf
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready = False
-        self.prompt_file = prompt_name(model, binary)
+        self.prompt_file = prompt_name(model, server)
         self.log_path = (
             Path(tempfile.gettempdir()) / f"mm-batch-llama-{os.getpid()}-{model.name}.log"
         )
@@ -84,12 +85,12 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     @staticmethod
-    def check_installed(model: LocalModel) -> Path:
-        """The server binary; raises LocalModelError when the extra is not there."""
-        binary = server_binary()
-        if binary is None:
+    def check_installed(model: LocalModel) -> ServerBuild:
+        """The server to start; raises LocalModelError when the extra is not there."""
+        server = server_build()
+        if server is None:
             raise LocalModelError(f"{model.model} needs llama.cpp's server: {LOCAL_EXTRA_HINT}")
-        return binary
+        return server
 
     def argv(self) -> list[str]:
         """The server's command line. Local servers take turns on the CPU (`CpuTurns`), so each
@@ -101,7 +102,7 @@ class LlamaServer:
         it exists: llama-server does not start with a folder that is not there."""
         saves = ["--slot-save-path", str(prompt_dir())] if prompt_dir().is_dir() else []
         return [
-            str(self.binary),
+            *self.server.command,
             "-m",
             str(self.gguf),
             "--host",

@@ -76,7 +76,7 @@ class LocalClient:
 
 class LocalServers:
     """One llama-server per local model of the plan, started before the runs, stopped after;
-    they take turns on the CPU. A model file or the server binary that is missing stops the
+    they take turns on the CPU. A model file or a server that is missing stops the
     command here, before anything ran."""
 
     def __init__(self, plan: Plan, masker: Masker) -> None:
@@ -87,9 +87,9 @@ class LocalServers:
         for name, slots in local_slots(plan).items():
             model = local_model(name)
             assert model is not None  # the plan refused unknown local models
-            binary = LlamaServer.check_installed(model)  # a missing extra stops here
+            build = LlamaServer.check_installed(model)  # a missing extra stops here
             gguf = ensure_gguf(model)  # so does a missing or corrupt model: nothing ran
-            self.servers[name] = LlamaServer(model, slots, binary, gguf)
+            self.servers[name] = LlamaServer(model, slots, build, gguf)
 
     def start_all(self) -> None:
         """Launch every server, then wait for each: they load their models side by side."""

