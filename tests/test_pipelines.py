@@ -60,7 +60,7 @@ GITLAB = sorted(
 JENKINS = sorted(
     p.relative_to(PIPELINES).as_posix() for p in (PIPELINES / "jenkins").glob("Jenkinsfile*")
 )
-# The workflows that build llama.cpp and assemble the local model: they need the caches.
+# The workflows that install the local extra and assemble the local model: they need the caches.
 LOCAL = ["github/mm-batch.yml", "github/mm-batch-status-cron.yml"]
 HOSTED = {
     "github": "github/mm-batch-hosted.yml",
@@ -396,16 +396,34 @@ def test_a_new_pull_request_restores_the_caches(path: str) -> None:
 
 
 @pytest.mark.parametrize("path", LOCAL)
-def test_the_llama_cpp_build_is_cached_by_its_build_flags(path: str) -> None:
-    """pip reuses a wheel it built, whatever the flags: no build with other flags is restored."""
+def test_the_pip_cache_is_keyed_by_what_pip_downloads(path: str) -> None:
+    """pip's cache holds downloaded wheels (the prebuilt server, the models' packages): every key
+    names the runner's OS, CPU and Python those wheels are for, the full key what is installed;
+    nothing is compiled, so no key holds build flags."""
     workflow = load(path)
     pip = cache_steps(workflow)["~/.cache/pip"]
     for key in [pip["key"], *pip["restore-keys"].strip().splitlines()]:
-        assert "${{ steps.keys.outputs.build }}" in key
-        assert "${{ runner.arch }}" in key
+        for part in ("${{ runner.os }}", "${{ runner.arch }}", "steps.python.outputs"):
+            assert part in key, (part, key)
+        assert "build" not in key, key
+    assert "${{ steps.keys.outputs.package }}" in pip["key"]
+    assert "hashFiles('pyproject.toml')" in pip["key"]
     keys_step = next(s for s in steps(workflow) if s.get("id") == "keys")
-    assert '"$CMAKE_ARGS"' in keys_step["run"]
-    assert "GGML_NATIVE=OFF" in workflow["env"]["CMAKE_ARGS"]
+    assert '"$MM_BATCH_PACKAGE"' in keys_step["run"]
+
+
+# Set by nothing a user copies: the local extra installs llama.cpp's server prebuilt.
+BUILD_VARIABLES = ("CMAKE_ARGS", "LLAMA_CPP_BUILD_JOBS")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*(PIPELINES / p for p in [*GITHUB, *GITLAB, *JENKINS]), COMPONENT],
+    ids=lambda p: p.relative_to(ROOT).as_posix(),
+)
+def test_no_pipeline_sets_build_flags(path: Path) -> None:
+    text_ = path.read_text()
+    assert [name for name in BUILD_VARIABLES if name in text_] == [], path
 
 
 def test_the_model_cache_is_where_mm_batch_assembles_the_model(
@@ -426,25 +444,34 @@ def test_the_model_cache_is_where_mm_batch_assembles_the_model(
         assert gguf.gguf_path(model).parent == Path("$CI_PROJECT_DIR/.cache/mm-batch/models")
 
 
-def test_gitlab_and_jenkins_keep_one_pip_cache_per_build_flags(tmp_path: Path) -> None:
-    """Other CMAKE_ARGS, another pip cache folder, chosen before anything is installed."""
+def test_gitlab_and_jenkins_install_with_the_pip_cache_they_keep(tmp_path: Path) -> None:
+    """pip, as each job sets it up before installing, uses the cache folder that outlives the
+    job: GitLab's cache of the project folder's .cache/pip, the Jenkins agent's ~/.cache/pip."""
+    project = tmp_path / "project"
+    home = tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    gitlab = load("gitlab/.gitlab-ci.yml")
+    variables = {
+        k: v.replace("$CI_PROJECT_DIR", str(project)) for k, v in gitlab["variables"].items()
+    }
+    cached = [project / p for c in gitlab["mm-batch"]["cache"] for p in c["paths"]]
     scripts = {
         "gitlab": "\n".join(b.script for b in gitlab_blocks("gitlab/.gitlab-ci.yml")),
         "jenkins": "\n".join(b.script for b in jenkins_blocks("jenkins/Jenkinsfile")),
     }
+    kept = {"gitlab": project / ".cache" / "pip", "jenkins": home / ".cache" / "pip"}
     for ci, script in scripts.items():
         lines = script.strip().splitlines()
-        export = next(i for i, line in enumerate(lines) if "export PIP_CACHE_DIR=" in line)
-        assert all("pip install" not in line for line in lines[:export]), ci
-        setup = "\n".join([*lines[: export + 1], 'echo "$PIP_CACHE_DIR"'])
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PIP_CACHE_DIR": "/c/pip"}
-        folders = {
-            run_step(setup, tmp_path, {**env, "CMAKE_ARGS": flags}).stdout.strip()
-            for flags in ("-DGGML_NATIVE=OFF", "-DGGML_NATIVE=ON", "-DGGML_NATIVE=OFF")
-        }
-        assert len(folders) == 2, (ci, folders)
-        root = "/c/pip/" if ci == "gitlab" else f"{tmp_path}/.cache/pip/"
-        assert all(f.startswith(root + "build-") for f in folders), (ci, folders)
+        install = next(i for i, line in enumerate(lines) if "pip install" in line)
+        setup = "\n".join([*lines[:install], "python3 -m pip cache dir"])
+        env = {"PATH": f"{BIN}:{os.environ['PATH']}", "HOME": str(home), "PIP_NO_INPUT": "1"}
+        if ci == "gitlab":
+            env.update(variables)
+        done = run_step(setup, project, env)
+        assert done.returncode == 0, (ci, done.stderr)
+        assert Path(done.stdout.strip().splitlines()[-1]) == kept[ci], (ci, done.stdout)
+    assert kept["gitlab"] in cached
 
 
 # -- Jenkins: no executor held while the shards wait for one, no schedule unless asked -----------
@@ -638,10 +665,10 @@ def test_the_github_workflow_runs_as_documented(fake_model: Fake, tmp_path: Path
             assert sh(script, step_env) == 0, script
         # upload-artifact + download-artifact with a pattern: one folder per artifact.
         shutil.move(str(repo / "results"), str(repo / "shards" / f"mm-batch-shard-{shard}"))
-    # The cache keys: the build flags' hash, and the local models' file names (with checksums).
+    # The cache keys: the package spec's hash, and the local models' file names (with checksums).
     keys = outputs(tmp_path / "output")
-    build = hashlib.sha256(workflow["env"]["CMAKE_ARGS"].encode()).hexdigest()[:16]
-    assert keys["build"] == build
+    package = hashlib.sha256(workflow["env"]["MM_BATCH_PACKAGE"].encode()).hexdigest()[:16]
+    assert keys["package"] == package
     names = sorted(gguf.gguf_path(m).name for m in CATALOG.values())
     assert keys["key"] == hashlib.sha256("".join(f"{n}\n" for n in names).encode()).hexdigest()[:16]
     codes = [sh(script, step_env) for script, step_env in shell_steps(report_job, {})]
