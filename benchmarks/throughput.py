@@ -20,7 +20,13 @@ First, issue 13's figure: 160 runs at jobs 16 against 50 ms a turn, as the span 
 measured the same way (first answer to last) in the same invocation; goal <= 1.25. `--span`
 prints only that figure.
 
-Run: python benchmarks/throughput.py [--latency 0.2] [--runs 500] [--span]
+`--tools` prints only issue 31's figure: 160 tool-using runs at jobs 16 against 200 ms a turn
+(the first turn calls a declared host tool, `true`; the second answers), as the span of the
+records' `ts` over the ideal (runs x 2 turns x latency / jobs), beside the same runs without a
+tool (one turn each, so their ideal is half); goal <= 1.25 for the tool-using runs. `--latency`
+changes the 200 ms.
+
+Run: python benchmarks/throughput.py [--latency 0.2] [--runs 500] [--span] [--tools]
 """
 
 from __future__ import annotations
@@ -38,15 +44,27 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from mm_batch.cli import main as mm_batch
 from mm_batch.config.tasks import MAX_REPEAT
 from mm_batch.effects.litellm import load_litellm
 
+# A declared host tool that does nothing, allowed without asking: each call starts a process.
+TOOL_AGENT = """\
+allow:
+  - tool: noop
+tools:
+  - name: noop
+    description: Do nothing.
+    command: ["true"]
+"""
 
-def tasks_file(directory: Path, runs: int) -> Path:
-    """`runs` task runs: one task repeated, or several once the count is past `repeat`'s limit."""
-    (directory / "agent.yaml").write_text("tools: []\n")
+
+def tasks_file(directory: Path, runs: int, tools: bool = False) -> Path:
+    """`runs` task runs: one task repeated, or several once the count is past `repeat`'s limit;
+    `tools`: the agent declares `noop` (the fake model then calls it once a run)."""
+    (directory / "agent.yaml").write_text(TOOL_AGENT if tools else "tools: []\n")
     tasks = -(-runs // MAX_REPEAT)
     assert runs % tasks == 0, f"{runs} runs cannot be split into {tasks} equal tasks"
     lines = ["agent: agent.yaml", f"repeat: {runs // tasks}", "tasks:"]
@@ -56,12 +74,18 @@ def tasks_file(directory: Path, runs: int) -> Path:
     return path
 
 
-def fake_model(latency: float) -> tuple[subprocess.Popen[str], str]:
-    """The fake model in a process of its own, so that its work is not counted as mm-batch's."""
+def fake_model(latency: float, tools: bool = False) -> tuple[subprocess.Popen[str], str]:
+    """The fake model in a process of its own, so that its work is not counted as mm-batch's.
+    `tools`: its first turn of each conversation calls `noop`, its second answers."""
+    script = (
+        "lambda r: tool_call('noop', {}) if turn(r) == 0 else text('ok')"
+        if tools
+        else "lambda _r: text('ok')"
+    )
     code = (
         "import sys, time\n"
-        "from mm_batch.testing.fake_openai import FakeOpenAI, text\n"
-        f"with FakeOpenAI(lambda _r: text('ok'), {latency!r}) as fake:\n"
+        "from mm_batch.testing.fake_openai import FakeOpenAI, text, tool_call, turn\n"
+        f"with FakeOpenAI({script}, {latency!r}) as fake:\n"
         "    print(fake.url, flush=True)\n"
         "    sys.stdin.read()\n"
     )
@@ -77,25 +101,59 @@ def batch(runs: int, jobs: int, latency: float) -> float:
     return batch_run(runs, jobs, latency, lambda _out: None)
 
 
-def records_span(runs: int, jobs: int, latency: float) -> float:
-    """Seconds from the first record of one `mm-batch run` to its last, by their `ts`."""
+# Of each tool-using run measured, in seconds: a model turn (its record's `latency_s`), the tool
+# call (from the model record that asked it to the tool record), and the whole run (the task
+# record's `duration_s`).
+TURNS: list[float] = []
+CALLS: list[float] = []
+RUNS: list[float] = []
+
+
+def records_span(runs: int, jobs: int, latency: float, tools: bool = False) -> float:
+    """Seconds from the first record of one `mm-batch run` to its last, by their `ts`.
+    `tools`: each run calls `noop` once (checked in the records), then answers; its parts go
+    to TURNS, CALLS and RUNS."""
     spans: list[float] = []
 
     def read(out: Path) -> None:
-        lines = (out / "calls.jsonl").read_text().splitlines()
-        stamps = [datetime.fromisoformat(json.loads(line)["ts"]) for line in lines]
+        records = [json.loads(line) for line in (out / "calls.jsonl").read_text().splitlines()]
+        stamps = [datetime.fromisoformat(record["ts"]) for record in records]
         spans.append((max(stamps) - min(stamps)).total_seconds())
+        ran = sum(1 for r in records if r["kind"] == "tool" and r["outcome"] == "ran")
+        assert ran == (runs if tools else 0), f"{ran} tool calls ran in {runs} runs"
+        if tools:
+            for made in _by_run(records):
+                assert [r["kind"] for r in made] == ["model", "tool", "model", "task"], made
+                asked, called = (datetime.fromisoformat(r["ts"]) for r in made[:2])
+                TURNS.extend((made[0]["latency_s"], made[2]["latency_s"]))
+                CALLS.append((called - asked).total_seconds())
+                RUNS.append(made[3]["duration_s"])
 
-    batch_run(runs, jobs, latency, read)
+    batch_run(runs, jobs, latency, read, tools)
     return spans[0]
 
 
-def batch_run(runs: int, jobs: int, latency: float, inspect: Callable[[Path], None]) -> float:
+def _by_run(records: list[dict[str, object]]) -> list[list[dict[str, Any]]]:
+    """The records of each run, in their `seq` order."""
+    runs: dict[object, list[dict[str, Any]]] = {}
+    for record in records:
+        runs.setdefault(record["run"], []).append(record)
+    return [sorted(made, key=lambda r: int(r["seq"])) for made in runs.values()]
+
+
+def tool_span(runs: int, jobs: int, latency: float) -> float:
+    """`records_span` of runs that each call a host tool, then answer: two turns a run."""
+    return records_span(runs, jobs, latency, tools=True) / 2
+
+
+def batch_run(
+    runs: int, jobs: int, latency: float, inspect: Callable[[Path], None], tools: bool = False
+) -> float:
     """Wall seconds of one `mm-batch run` (in this process), its results folder inspected."""
-    server, url = fake_model(latency)
+    server, url = fake_model(latency, tools)
     try:
         with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
-            tasks = tasks_file(Path(tmp), runs)
+            tasks = tasks_file(Path(tmp), runs, tools)
             args = ["run", str(tasks), "--model", "hosted_vllm/fake", "--jobs", str(jobs)]
             args += ["--model-option", f"api_base={url}", "--out", f"{tmp}/out"]
             started = time.perf_counter()
@@ -159,6 +217,27 @@ def issue_figure(times: int = 5) -> None:
     )
 
 
+def tools_figure(latency: float = 0.2, times: int = 5) -> None:
+    """Issue 31: 160 tool-using runs (a call, then an answer), jobs 16, 200 ms a turn: records'
+    span / ideal, beside the same runs without a tool."""
+    runs, jobs = 160, 16
+    with_tools = ratios(tool_span, runs, jobs, latency, times)
+    without = ratios(records_span, runs, jobs, latency, times)
+    goal = "ok" if statistics.median(with_tools) <= 1.25 else "MISSED"
+    print(
+        f"{runs} runs, jobs {jobs}, {latency * 1000:.0f} ms a turn, span / ideal (median of "
+        f"{times}): a tool call then an answer {shown(with_tools)}, one turn without tools "
+        f"{shown(without)}   goal <= 1.25 {goal}",
+    )
+    mean = statistics.mean
+    print(
+        f"  a tool-using run, mean: {mean(RUNS) * 1000:.0f} ms (ideal {2 * latency * 1000:.0f}): "
+        f"a model turn {mean(TURNS) * 1000:.1f} ms, the tool call {mean(CALLS) * 1000:.1f} ms "
+        "(model record to tool record)",
+        flush=True,
+    )
+
+
 def litellm_cpu_ms(calls: int = 200) -> float:
     """litellm's own CPU per call, one call at a time, against a fake that answers at once."""
     server, url = fake_model(0.0)
@@ -204,12 +283,16 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per model call")
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--span", action="store_true", help="only issue 13's figure")
+    parser.add_argument("--tools", action="store_true", help="only issue 31's figure")
     options = parser.parse_args()
     runs, latency = options.runs, options.latency
     started = time.perf_counter()
     load_litellm()
     print(f"litellm import: {time.perf_counter() - started:.1f} s (start-up, not counted below)")
     print(f"litellm's own CPU per call: {litellm_cpu_ms():.2f} ms", flush=True)
+    if options.tools:
+        tools_figure(latency)
+        return 0
     issue_figure()
     if options.span:
         return 0
