@@ -46,6 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "release"
 JUNIT_XSD = ROOT.parent / "shared" / "data" / "junit-10.xsd"
 STANDIN_LLAMA = ROOT / "tests" / "effects" / "standin_llama.py"
+# .ci/run sets these: there the live suite (the real small model) and the comparison with a
+# source build of llama.cpp must run, never skip.
+LIVE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_LIVE") == "1"
+SOURCE_BUILD_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
 
 
 # --- the fixtures' types (tests/conftest.py) -------------------------------------------------

@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 
 from mm_batch.config.local_catalog import CATALOG
-from tests.helpers import EXAMPLE, check_report
+from tests.helpers import EXAMPLE, LIVE_REQUIRED, check_report
 
 LOCAL_IMAGE = "mm-batch/mm-batch:local"
 DEFAULT_MODEL = "local/qwen2.5-coder-1.5b"  # what `mm-batch run` uses with no model named
-# .ci/run builds the image and sets this: there the test must run, never skip.
-LIVE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_LIVE") == "1"
 
 
 def _docker_with_image() -> str:

