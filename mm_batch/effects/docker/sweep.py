@@ -2,11 +2,20 @@
 processes, then the reset of the places outside the workspace it could write, and a fresh HOME.
 
 `exec_run` has no timeout and closing its stream leaves the process running, so what a call
-leaves running (and a timed-out call) is killed by the sweep: a root exec whose only capability
-is CAP_KILL (the container holds no other; tools run as a non-root uid, so they hold none)
-scans /proc, SIGKILLs every process of the tools' uid until a scan finds none, and says so. No
-tool process can signal, stop or trace it (another uid, no capability), so its word is the
-runtime's: a call whose processes it cannot end makes the task run an error.
+leaves running (and a timed-out call) is killed by the sweep, in two parts that need each other:
+
+- An exec as the swept uid runs `kill -9 -1`: the kernel signals every process of the uid (but
+  the caller) in one walk of the task list under the lock that fork takes too, so no process is
+  born during it or escapes it. A scan of /proc cannot promise that: a fork bomb's lineage is
+  born after the scan read /proc and lives on past each pass (seen: "clean" said of a live bomb).
+  Any process of the uid may kill this exec before it acts, though.
+- A root exec whose only capability is CAP_KILL (the container holds no other; tools run as a
+  non-root uid, so they hold none) scans /proc and SIGKILLs every process of the uid until a
+  pass finds none, and says so. No tool process can signal, stop or trace it (another uid, no
+  capability): it ends a process that kills the first exec, and confirms what that one did.
+
+Both are tried again until the first says it struck and the second says clean after it; a call
+whose processes they cannot end makes the task run an error.
 """
 
 from __future__ import annotations
@@ -21,13 +30,16 @@ from mm_batch.run.ports import SandboxError
 
 KILL_TRIES_S = 5.0
 # Each pass lists the processes of the uid ($1) and SIGKILLs them; a pass that finds none prints
-# `clean`. Zombies are dead already (docker-init reaps them). `kill` may be the shell's built-in
-# and its status is not trusted: only the next pass's count is. The shell's own pid is skipped;
-# it runs as root, never the uid swept.
+# `clean`. `kill` may be the shell's built-in and its status is not trusted: only the next pass's
+# count is. The shell's own pid is skipped; it runs as root, never the uid swept.
+# Zombies are dead already, but each holds its pid (against the pids limit) until docker-init
+# reaps it: after a fork bomb, the next exec would find no pid free. So once none is alive the
+# passes go on until none is left at all (init reaps them in moments; after 300 passes, dead
+# ones that remain are let be: they cannot run).
 _SWEEP = r"""
-u=$1; n=0
+u=$1; n=0; z=0
 while :; do
-  left=
+  left=; dead=
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$$" ] && continue
@@ -36,14 +48,20 @@ while :; do
         case $k in State:) s=$a ;; Uid:) r=$a; e=$b; break ;; esac
       done <"$d/status"; } 2>/dev/null
     [ "$r" = "$u" ] || [ "$e" = "$u" ] || continue
-    [ "$s" = Z ] || [ "$s" = X ] || left="$left $p"
+    case $s in Z|X) dead="$dead $p" ;; *) left="$left $p" ;; esac
   done
-  [ -z "$left" ] && { echo clean; exit 0; }
+  if [ -z "$left" ]; then
+    { [ -z "$dead" ] || [ $z -gt 300 ]; } && { echo clean; exit 0; }
+    z=$((z + 1)); continue
+  fi
   n=$((n + 1))
   [ $n -gt 300 ] && { echo "left$left"; exit 3; }
   kill -9 $left 2>/dev/null
 done
 """
+# As the swept uid: `kill` is the shell's built-in, so no child of the exec is there for it to
+# kill first; `swept` says the kill(-1) ran. Its status is not read (ESRCH when none was left).
+_KILL_ALL = "kill -9 -1 2>/dev/null; echo swept"
 # Run as the tools' uid once the sweep found none of their processes: empty /tmp, /dev/shm and
 # /dev/mqueue, the places outside the workspace a tool can write (what a call left there:
 # dotfiles, .pth files, caches, POSIX shared memory, semaphores and queues); remove every SysV
@@ -93,23 +111,30 @@ def fresh_home() -> str:
 
 
 def sweep(engine: Engine, uid: int) -> None:
-    """SIGKILL every process of `uid` from a root exec holding CAP_KILL, until a pass finds
-    none; raises EngineError when some are left (the call then fails the task run).
+    """SIGKILL every process of `uid` (see the module's text) until the uid's own `kill -9 -1`
+    ran to its end and a root scan after it finds none; raises EngineError when that does not
+    happen within KILL_TRIES_S (the call then fails the task run).
 
-    Under a fork bomb the sweep's exec may find no free pid (the runtime then starts
-    nothing, Pid 0): it is tried again while the bomb's processes come and go.
+    An exec that gets no pid (under a fork bomb the runtime may find none free and start
+    nothing: Pid 0) or that a leftover kills before it acts is simply tried again.
     """
     give_up = time.monotonic() + KILL_TRIES_S
     while True:
-        done = engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
-        if done.pid != 0:
-            break
+        struck = engine.run(["/bin/sh", "-c", _KILL_ALL], f"{uid}:{uid}")
+        scan = engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
+        said = scan.stdout.decode(errors="replace").strip()
+        struck_all = struck.pid != 0 and struck.exit_code == 0 and struck.stdout.strip() == b"swept"
+        if struck_all and scan.pid != 0 and scan.exit_code == 0 and said == "clean":
+            return
         if time.monotonic() >= give_up:
-            raise EngineError("the calls' processes could not be killed (no free pid)")
+            if scan.pid == 0:
+                raise EngineError("the calls' processes could not be killed (no free pid)")
+            if said == "clean":
+                said = "no kill of the uid's own could run"
+            raise EngineError(
+                f"processes of uid {uid} are still alive after the sweep ({said[:200]})"
+            )
         time.sleep(0.05)
-    said = done.stdout.decode(errors="replace").strip()
-    if done.exit_code != 0 or said != "clean":
-        raise EngineError(f"processes of uid {uid} are still alive after the sweep ({said[:200]})")
 
 
 class Sweeper:
@@ -152,9 +177,10 @@ class Sweeper:
         if not reset:
             return
         pairs = self._copies.program_pairs()
-        # The swept processes count against the pids limit until init reaps them: after a fork
-        # bomb, the reset may find no pid for a moment. Tried again, with a new HOME's name,
-        # while the sweep's own tries would be.
+        # The reset changes nothing twice (each try names a new HOME), so any try that does not
+        # end `ready` is tried again while the sweep's own tries would be: a pid still held for
+        # a moment after a fork bomb fails it in ways no message reliably names (a shell's
+        # "can't fork", a silent exit 2 or an exec that never started).
         give_up = time.monotonic() + KILL_TRIES_S
         while True:
             home = fresh_home()
@@ -162,9 +188,10 @@ class Sweeper:
             lines = done.stdout.decode(errors="replace").splitlines()
             if done.pid != 0 and done.exit_code == 0 and lines and lines[-1] == "ready":
                 break
-            detail = "; ".join(lines[:3]) or f"exit {done.exit_code}"
-            no_pid = done.pid == 0 or "can't fork" in detail or "temporarily unavailable" in detail
-            if not no_pid or time.monotonic() >= give_up:
+            if time.monotonic() >= give_up:
+                detail = "; ".join(lines[:3]) or (
+                    "it never started" if done.pid == 0 else f"exit {done.exit_code}"
+                )
                 raise EngineError(f"cannot make a fresh HOME for the next call ({detail})")
             time.sleep(0.05)
         kept = [line.removeprefix("kept ") for line in lines if line.startswith("kept ")]
