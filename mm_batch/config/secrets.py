@@ -5,21 +5,31 @@ becomes `Masked` where it enters, by `Masker.text`; what cuts, folds or quotes a
 report or a request takes `Masked` only (`head`, `head_bytes`, `tail`, `folded` here), so that
 mypy proves the order SPEC 7 asks for: masking before any change to a text. A change made
 after masking cannot show part of a secret: no character of one is left.
+
+The masker finds a secret however another party wrote it (any case, white space folded,
+escaped): `config.spellings` has the rules.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
-import html
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NewType, TypeVar, cast
-from urllib.parse import quote, quote_plus
 
 from mm_batch.config.model import AgentConfig
+from mm_batch.config.spellings import (
+    SpanMap,
+    caseless,
+    composed,
+    identity,
+    readings,
+    secret_pattern,
+    unescaped,
+    written_forms,
+)
 
 T = TypeVar("T")
 
@@ -56,10 +66,11 @@ class Masker:
         given = {s for s in secrets if len(s) >= MIN_SECRET_LENGTH}
         # A secret may come back escaped by someone else: a provider's error quoting the
         # request's JSON, an HTTP library's repr of a header, a URL's query.
-        forms = {form for s in given for form in _written_forms(s)}
+        forms = {form for s in given for form in written_forms(s)}
         values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
-        self._searched = tuple((v, v.lower() if len(v.lower()) == len(v) else "") for v in values)
+        self.caseless = tuple(caseless(v) for v in values)
+        self._patterns = tuple(secret_pattern(v) for v in self.caseless)
         # Every run of FRAGMENT characters of a secret: what a redaction's neighbour must hold to
         # be worth a closer look (see `_fragment_spans`).
         self._grams = frozenset(
@@ -97,13 +108,11 @@ class Masker:
         masked = self.text(value)
         if not self._secrets:
             return masked
-        low = masked.lower()
-        probe = low if len(low) == len(masked) else masked
+        probe = caseless(masked)
         spans: list[tuple[int, int]] = []
         for boundary in _BOUNDARY.finditer(probe):
             at = boundary.start()
-            for secret, folded_secret in self._searched:
-                key = folded_secret if probe is low and folded_secret else secret
+            for key in self.caseless:
                 if _common_start(probe[at : at + len(key)], key) >= FRAGMENT:
                     spans.append((at, _space_after(masked, at)))
                 before = probe[max(at - len(key), 0) : at]
@@ -122,9 +131,10 @@ class Masker:
         return self.text("".join(pieces))
 
     def data(self, value: T) -> T:
-        """Mask the strings inside JSON-like data (its values: keys are structure). The copy has
-        the value's shape: a string becomes a `Masked` string, a dict a dict, a list a list and
-        a tuple a tuple; anything else is kept as it is."""
+        """Mask the strings inside JSON-like data, its keys too (a provider's parts are its own
+        text, keys included). The copy has the value's shape: a string becomes a `Masked`
+        string, a dict a dict, a list a list and a tuple a tuple; anything else is kept as it
+        is. Two keys that mask alike keep the later value."""
         if not self._secrets:
             return value
         return cast(T, self._masked_data(value))
@@ -133,7 +143,10 @@ class Masker:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {k: self._masked_data(v) for k, v in value.items()}
+            return {
+                self.text(k) if isinstance(k, str) else k: self._masked_data(v)
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             return [self._masked_data(v) for v in value]
         if isinstance(value, tuple):
@@ -146,7 +159,7 @@ class Masker:
         text is masked again as a whole, since an escape can make a secret of what was none; where
         that cuts into an escape (`\\u0000` beside a redaction), the quote would be no JSON any
         more, and is the mask alone instead."""
-        text = json.dumps(self._all_strings(value), ensure_ascii=False)
+        text = json.dumps(self._masked_data(value), ensure_ascii=False)
         masked = self.text(text)
         if masked != text:
             try:
@@ -154,15 +167,6 @@ class Masker:
             except ValueError:
                 return self.text(json.dumps(MASK))
         return masked
-
-    def _all_strings(self, value: object) -> object:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {self.text(str(k)): self._all_strings(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._all_strings(v) for v in value]
-        return value
 
     def captured(self, data: bytes, *, cut: bool) -> Masked:
         """Bytes a command wrote, as text with its secrets masked. A capture cut short may end
@@ -190,20 +194,15 @@ class Masker:
             text = "".join(pieces)
 
     def _spans(self, text: str) -> list[tuple[int, int]]:
-        """The runs of characters covered by an occurrence of any secret, merged, in order."""
-        found: list[tuple[int, int]] = []
-        # Also in another case (a provider that echoes a key upper-cased), wherever changing the
-        # case keeps every character in its place.
-        lowered = text.lower()
-        caseless = len(lowered) == len(text)
-        for secret, folded_secret in self._searched:
-            haystack, needle = (
-                (lowered, folded_secret) if caseless and folded_secret else (text, secret)
-            )
-            start = haystack.find(needle)
-            while start >= 0:
-                found.append((start, start + len(needle)))
-                start = haystack.find(needle, start + 1)
+        """The runs of characters covered by an occurrence of any secret, merged, in order: in
+        the text itself and in each reading of its escapes (`unescaped`), an escape's match
+        covering the whole escape."""
+        found = self._found(text)
+        # The readings are made plainly first (most texts with escapes hide no secret in them);
+        # only one that holds a secret is made again with the map back to the text.
+        for steps in readings(text):
+            if self._found(steps[-1][1]):
+                found.extend(self._found_through_escapes(text, [way for way, _ in steps]))
         found.extend(self._fragment_spans(text))
         if not found:
             return []
@@ -216,6 +215,29 @@ class Masker:
             else:
                 merged.append((start, end))
         return merged
+
+    def _found(self, text: str) -> list[tuple[int, int]]:
+        """Every occurrence of every secret in `text`, in any case, overlapping ones included."""
+        folded_case = caseless(text)
+        found: list[tuple[int, int]] = []
+        for pattern in self._patterns:
+            match = pattern.search(folded_case)
+            while match is not None:
+                found.append(match.span())
+                match = pattern.search(folded_case, match.start() + 1)
+        return found
+
+    def _found_through_escapes(
+        self, text: str, ways: Sequence[re.Pattern[str]]
+    ) -> list[tuple[int, int]]:
+        """The occurrences in a reading of the text's escapes (read `ways`, one after the
+        other), as spans of the text."""
+        view = text
+        to_text: SpanMap = identity
+        for way in ways:
+            view, to_view = unescaped(view, way)
+            to_text = composed(to_text, to_view)
+        return [to_text(start, end) for start, end in self._found(view)]
 
     def _fragment_spans(self, text: str) -> list[tuple[int, int]]:
         """The beginning of a secret just before a redaction, and its end just after one, when
@@ -241,17 +263,6 @@ class Masker:
         broken = len(text) - len(bare)
         split = max(_overlap(bare, s) for s in self._secrets) if broken else 0
         return max(whole, split + broken if split else 0)
-
-
-def _written_forms(secret: str) -> set[str]:
-    """A secret as itself and as others may have escaped it before mm-batch reads their text."""
-    forms = {secret, html.escape(secret), quote(secret, safe=""), quote_plus(secret, safe="")}
-    forms.add(json.dumps(secret)[1:-1])
-    forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
-    forms.add(repr(secret)[1:-1])
-    with contextlib.suppress(UnicodeEncodeError):
-        forms.add(repr(secret.encode("utf-8"))[2:-1])
-    return forms
 
 
 def _overlap(text: str, secret: str, least: int = 1) -> int:

@@ -142,6 +142,7 @@ class AgentLoop:
                     if time.monotonic() >= deadline:
                         return Failed(timeout_reason(task.timeout, self.in_flight.now()))
                     return Errored(str(exc))
+            reply = self._masked(reply)
             self._record_model(reply)
             messages.append(self._assistant_message(reply))
             # Only a stop or a tool call ends a turn normally: a cut or filtered turn's calls
@@ -256,6 +257,20 @@ class AgentLoop:
                 return {"role": "user", "content": answered}
             return {"role": "user", "content": f"{answered}\n\n{ANSWER_NOW}"}
         return {"role": "tool", "tool_call_id": call.id, "content": content}
+
+    def _masked(self, reply: ModelReply) -> ModelReply:
+        """The provider's words that mm-batch keeps as they came, masked where they enter: the
+        finish reason and each call's id and name (a record and the history hold them). The text
+        and the arguments are masked wherever they are written or sent, the arguments after the
+        call ran with them."""
+        calls = tuple(
+            dataclasses.replace(
+                call, id=self.masker.text(call.id), name=self.masker.text(call.name)
+            )
+            for call in reply.tool_calls
+        )
+        finish = None if reply.finish_reason is None else self.masker.text(reply.finish_reason)
+        return dataclasses.replace(reply, tool_calls=calls, finish_reason=finish)
 
     def _assistant_message(self, reply: ModelReply) -> JsonObject:
         text = None if reply.text is None else self.masker.text(reply.text)

@@ -36,6 +36,7 @@ from mm_batch.config.secrets import (
     tail,
 )
 from mm_batch.effects.model_calls import short_reason
+from mm_batch.report.summary import one_line
 
 # Characters that make cuts, folds and escapes interesting, and a few whole alphabets.
 _AWKWARD = " \t\n\r\"'\\<>&*%#=:;,.-_/é€𝄞😀\u00a0\u2028\u3000"
@@ -151,6 +152,99 @@ def test_a_secret_escaped_by_someone_else_is_masked_too(secret: str, how: str) -
     }[how]
     masked = Masker([secret]).text(f"error: {{{written}}} refused")
     assert written not in masked and MASK in masked
+
+
+# Each character of a secret as another party may write it: itself, or one escape of a family
+# the masker reads, chosen per character (mixing families, escaping some characters and not
+# others: no encoder's output, so no list of encoders' outputs can hold it).
+def _escapes(char: str) -> list[str]:
+    code = ord(char)
+    ways = [
+        # A character that begins an escape is escaped itself, as every encoder does: written
+        # bare before an escape it would be read as part of one (`\\` then `\\u0030`).
+        *(() if char in "\\%&" else (char,)),
+        "".join(f"%{b:02X}" for b in char.encode("utf-8")),
+        "".join(f"%{b:02x}" for b in char.encode("utf-8")),
+        f"&#{code};",
+        f"&#x{code:x};",
+        f"\\U{code:08x}",
+    ]
+    if code <= 0xFFFF:
+        ways.append(f"\\u{code:04x}")
+        ways.append(f"\\u{code:04X}")
+    else:
+        high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+        ways.append(f"\\u{high:04x}\\u{low:04x}")
+    if code < 0x100:
+        ways.append(f"\\x{code:02x}")
+    return ways
+
+
+@st.composite
+def escaped(draw: st.DrawFn, secret: str) -> str:
+    """The secret written with a drawn escape for each character, then perhaps escaped once
+    more as a whole (quoted in JSON, or in a URL) as a text quoted inside another is."""
+    written = "".join(draw(st.sampled_from(_escapes(char))) for char in secret)
+    again = draw(st.sampled_from(["", "json", "url"]))
+    if again == "json":
+        written = json.dumps(written)[1:-1]
+    elif again == "url":
+        from urllib.parse import quote
+
+        written = quote(written, safe="")
+    return written
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), secret_text)
+def test_a_secret_escaped_character_by_character_any_way_is_masked(
+    data: st.DataObject, secret: str
+) -> None:
+    """JSON's, Python's, percent and HTML escapes, mixed within one secret and nested: the
+    masker reads each escape as what it stands for (SPEC 7, "quoted")."""
+    written = data.draw(escaped(secret))
+    around = data.draw(st.text(max_size=20))
+    masked = Masker([secret]).text(f"{around}{written} {around}")
+    assert written not in masked and MASK in masked, (written, masked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), secret_text)
+def test_a_secret_in_another_case_is_masked_whatever_else_the_text_holds(
+    data: st.DataObject, secret: str
+) -> None:
+    """Case changed character by character, in a text holding characters whose lower case is
+    longer (`İ`) or shorter, before or after it."""
+    changed = "".join(
+        data.draw(st.sampled_from([c, c.upper(), c.lower()]))
+        if len(c.upper()) == 1 and len(c.lower()) == 1
+        else c
+        for c in secret
+    )
+    around = data.draw(st.text(alphabet="İßŉǰΐ abc", max_size=6))
+    masked = Masker([secret]).text(f"{around}{changed}{around}")
+    assert changed not in masked and MASK in masked, (changed, masked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.data(),
+    st.lists(st.text(alphabet=PRINTABLE, min_size=3, max_size=8), min_size=2, max_size=4).map(
+        " ".join
+    ),
+)
+def test_a_secret_split_by_other_white_space_is_masked_before_a_fold_joins_it(
+    data: st.DataObject, secret: str
+) -> None:
+    """A passphrase written over lines (`correct\\nhorse   battery`): no text holds it whole
+    until a report folds the white space; the masker matches each of its spaces to any run."""
+    runs = st.text(alphabet=" \t\n\r\x0b\x0c\u00a0\u2028\u3000", min_size=1, max_size=4)
+    written = "".join(data.draw(runs) if char == " " else char for char in secret)
+    masker = Masker([secret])
+    masked = masker.text(f"no: {written} end")
+    assert secret not in folded(masked), masked
+    assert secret not in one_line(masked), masked
+    assert secret not in short_reason(ValueError(f"no: {written} end"), masker)
 
 
 def test_overlapping_secrets_are_masked_whole() -> None:
