@@ -195,6 +195,51 @@ def test_a_tool_can_neither_trace_nor_signal_a_check_or_root(
         ), line
 
 
+def test_a_tool_cannot_trace_the_sweeps_kill_exec(base_box: DockerSandbox, tmp_path: Path) -> None:
+    """The sweep's `kill -9 -1` runs as the tools' uid (only that reaches all of their
+    processes at once), so a tool could trace it and make its kill do nothing, were it not for
+    its gid, which no tool has: ptrace needs both to match."""
+    base_box.start()
+    client: Any = base_box.client
+    users = base_box.users
+    user = f"{users.uid}:{docker_sweep.kill_gid(users.gid, users.check_gid)}"
+    exec_id = client.api.exec_create(base_box.container_id, ["sleep", "61"], user=user)["Id"]
+    client.api.exec_start(exec_id, detach=True)
+    time.sleep(0.5)
+    result = base_box.execute(
+        ["sh", "-c", f"python3 -c '{_TRACE}' $(pgrep -f \"^sleep 61\")"], tmp_path, {}, 30
+    )
+    [line] = result.stdout.data.decode().splitlines()
+    assert line.split(" ", 1)[1].startswith("Operation not permitted"), line
+
+
+_THREAD_OUTLIVES_ITS_LEADER = """
+import ctypes, threading, time
+def write():
+    while True:
+        with open("outlived", "a") as marker:
+            marker.write("alive\\n")
+        time.sleep(0.1)
+threading.Thread(target=write).start()
+time.sleep(0.3)
+ctypes.CDLL(None).syscall(60, 0)  # exit: the first thread alone ends, showing Z
+"""
+
+
+def test_the_root_scan_alone_ends_a_process_whose_leader_thread_exited(
+    base_box: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if a tool had made the uid's own kill do nothing: the root scan must not take a
+    # process whose first thread is a zombie for a dead one while another thread runs.
+    monkeypatch.setattr(docker_sweep, "_KILL_ALL", "echo swept")
+    script = f"(setsid python3 -c '{_THREAD_OUTLIVES_ITS_LEADER}' &) ; sleep 0.6; echo left"
+    assert base_box.execute(["sh", "-c", script], tmp_path, {}, 30).stdout.data == b"left\n"
+    assert base_box.execute(["true"], tmp_path, {}, 30).exit_code == 0  # the sweep ran before
+    written = (tmp_path / "outlived").read_text().count("alive")
+    time.sleep(0.5)
+    assert (tmp_path / "outlived").read_text().count("alive") == written
+
+
 # -- call x what it plants ---------------------------------------------------------------------
 
 _PLANT = """

@@ -25,7 +25,7 @@ from mm_batch.effects.docker.outcome import (
     not_started_reason,
 )
 from mm_batch.effects.docker.stream import EngineError, Streamed, Watch, first_line, supervise
-from mm_batch.effects.docker.sweep import KILL_TRIES_S, Sweeper, sweep
+from mm_batch.effects.docker.sweep import KILL_TRIES_S, Sweeper, kill_gid, sweep
 from mm_batch.effects.docker.workspace import (
     CHECK_DIR,
     WORKSPACE,
@@ -63,7 +63,11 @@ class DockerSandbox:
         self._oom_kills = 0
         self._closed = False
         self._copies = Copies(self.engine, self.agent_dir, self.users.check)
-        self._sweeper = Sweeper(self.engine, spec.user, self.users.uid, spec.image, self._copies)
+        # The sweep's kill exec runs with a gid that neither the tools nor the check have.
+        self._kill_gid = kill_gid(self.users.gid, self.users.check_gid)
+        self._sweeper = Sweeper(
+            self.engine, spec.user, self.users.uid, self._kill_gid, spec.image, self._copies
+        )
         # False only in benchmarks/exec.py, to measure what the fresh HOME costs a call.
         self.fresh_home_per_call = True
 
@@ -219,7 +223,7 @@ class DockerSandbox:
         except EngineError as exc:
             return self._failed(begun, str(exc), EMPTY, EMPTY, started=True)
         watch = Watch(
-            kill=lambda: sweep(self.engine, call.uid),
+            kill=lambda: sweep(self.engine, call.uid, self._kill_gid),
             kill_limit_s=2 * (ENGINE_TIMEOUT_S + KILL_TRIES_S),
             probe=self.engine.container_dead,
         )

@@ -32,6 +32,8 @@ KILL_TRIES_S = 5.0
 # Each pass lists the processes of the uid ($1) and SIGKILLs them; a pass that finds none prints
 # `clean`. `kill` may be the shell's built-in and its status is not trusted: only the next pass's
 # count is. The shell's own pid is skipped; it runs as root, never the uid swept.
+# A leader whose own thread exited shows Z while its other threads run: a process is dead only
+# when it is Z or X with one thread left (SIGKILL to its pid ends the others).
 # Zombies are dead already, but each holds its pid (against the pids limit) until docker-init
 # reaps it: after a fork bomb, the next exec would find no pid free. So once none is alive the
 # passes go on until none is left at all (init reaps them in moments; after 300 passes, dead
@@ -43,12 +45,12 @@ while :; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$p" = "$$" ] && continue
-    s=; r=; e=
+    s=; r=; e=; t=
     { while read -r k a b c; do
-        case $k in State:) s=$a ;; Uid:) r=$a; e=$b; break ;; esac
+        case $k in State:) s=$a ;; Uid:) r=$a; e=$b ;; Threads:) t=$a; break ;; esac
       done <"$d/status"; } 2>/dev/null
     [ "$r" = "$u" ] || [ "$e" = "$u" ] || continue
-    case $s in Z|X) dead="$dead $p" ;; *) left="$left $p" ;; esac
+    case $s$t in Z1|X1|Z|X) dead="$dead $p" ;; *) left="$left $p" ;; esac
   done
   if [ -z "$left" ]; then
     { [ -z "$dead" ] || [ $z -gt 300 ]; } && { echo clean; exit 0; }
@@ -59,9 +61,13 @@ while :; do
   kill -9 $left 2>/dev/null
 done
 """
-# As the swept uid: `kill` is the shell's built-in, so no child of the exec is there for it to
-# kill first; `swept` says the kill(-1) ran. Its status is not read (ESRCH when none was left).
+# As the swept uid, with a gid none of its processes has (`KILL_GIDS`): ptrace needs uid and
+# gid both to match, so no tool can trace this exec and make its kill do nothing (it can still
+# signal it: a stopped or killed exec never says `swept`). `kill` is the shell's built-in, so
+# no child of the exec is there for it to kill first; `swept` says the kill(-1) ran. Its status
+# is not read (ESRCH when none was left).
 _KILL_ALL = "kill -9 -1 2>/dev/null; echo swept"
+KILL_GIDS = (65533, 65530, 65529)
 # Run as the tools' uid once the sweep found none of their processes: empty /tmp, /dev/shm and
 # /dev/mqueue, the places outside the workspace a tool can write (what a call left there:
 # dotfiles, .pth files, caches, POSIX shared memory, semaphores and queues); remove every SysV
@@ -110,17 +116,23 @@ def fresh_home() -> str:
     return f"/tmp/.mm-batch-home-{secrets.token_hex(16)}"
 
 
-def sweep(engine: Engine, uid: int) -> None:
+def kill_gid(*taken: int) -> int:
+    """A gid for the sweep's kill exec that none of `taken` (the tools' and the check's) is."""
+    return next(gid for gid in KILL_GIDS if gid not in taken)
+
+
+def sweep(engine: Engine, uid: int, gid: int) -> None:
     """SIGKILL every process of `uid` (see the module's text) until the uid's own `kill -9 -1`
-    ran to its end and a root scan after it finds none; raises EngineError when that does not
-    happen within KILL_TRIES_S (the call then fails the task run).
+    (run with `gid`, see `kill_gid`) ran to its end and a root scan after it finds none; raises
+    EngineError when that does not happen within KILL_TRIES_S (the call then fails the task
+    run).
 
     An exec that gets no pid (under a fork bomb the runtime may find none free and start
     nothing: Pid 0) or that a leftover kills before it acts is simply tried again.
     """
     give_up = time.monotonic() + KILL_TRIES_S
     while True:
-        struck = engine.run(["/bin/sh", "-c", _KILL_ALL], f"{uid}:{uid}")
+        struck = engine.run(["/bin/sh", "-c", _KILL_ALL], f"{uid}:{gid}")
         scan = engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
         said = scan.stdout.decode(errors="replace").strip()
         struck_all = struck.pid != 0 and struck.exit_code == 0 and struck.stdout.strip() == b"swept"
@@ -142,10 +154,14 @@ class Sweeper:
     the next call's HOME (`home`); the next call (or check) waits for both, and fails if they
     failed."""
 
-    def __init__(self, engine: Engine, user: str, uid: int, image: str, copies: Copies) -> None:
+    def __init__(
+        self, engine: Engine, user: str, uid: int, gid: int, image: str, copies: Copies
+    ) -> None:
+        """`gid`: the kill exec's (`kill_gid`)."""
         self._engine = engine
         self._user = user
         self._uid = uid
+        self._gid = gid
         self._image = image
         self._copies = copies
         self._background: Background | None = None
@@ -173,7 +189,7 @@ class Sweeper:
             )
 
     def _sweep_and_reset(self, reset: bool) -> None:
-        sweep(self._engine, self._uid)
+        sweep(self._engine, self._uid, self._gid)
         if not reset:
             return
         pairs = self._copies.program_pairs()

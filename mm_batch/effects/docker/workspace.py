@@ -73,6 +73,10 @@ class Users:
         check = "65531:65531" if user.split(":", maxsplit=1)[0] == "65532" else "65532:65532"
         return cls(user, int(uid), int(gid or uid), check, int(check.split(":", maxsplit=1)[0]))
 
+    @property
+    def check_gid(self) -> int:
+        return int(self.check.split(":")[1])
+
 
 def size_bytes(text: str) -> int:
     """Bytes of a Docker size (`512m`, `1g`, `1.5g`, `1048576`)."""
