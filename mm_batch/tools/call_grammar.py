@@ -15,9 +15,10 @@ only keeps the decoder from writing what cannot be a call, and it binds as much 
 - `required`: and every required parameter is there;
 - `enum`: and a parameter with allowed values holds one of them.
 
-A plain answer may start with anything but `{`, a backquote, `<` or white space: those are how
-a call (bare, fenced, in tags) begins. The grammar is a small tree (`Node`) rendered as GBNF, so
-that tests can walk the same tree for what it admits.
+A plain answer may be anything but the beginning of a call (`{"name"`, bare or fenced) and may
+not start with `<` or white space: a JSON answer of other keys or a ```bash block is never bound
+to become a call. The grammar is a small tree (`Node`) rendered as GBNF, so that tests can walk
+the same tree for what it admits.
 """
 
 from __future__ import annotations
@@ -191,9 +192,41 @@ _JSON_RULES: dict[str, Node] = {
     "member": Seq((Ref("string"), Lit(": "), Ref("value"))),
 }
 
-# A plain answer: its first character is none that begins a call, the rest is free.
-_ANSWER = Seq(
-    (Chars("[^{`<\\x00-\\x20]", "TLJ1é.!"), Repeat(Chars("[^\\x00]", 'ab {}`\n"<1'))),
+# A call begins with one of these: bare, or in the fence the models open most calls with.
+CALL_OPENINGS = ('{"name"', FENCE_OPEN + '{"name"')
+_REST = Repeat(Chars("[^\\x00]", 'ab {}`\n"<1'))
+
+
+def _gbnf_char(char: str) -> str:
+    return {"\n": "\\n", '"': '\\"', "`": "`", "\\": "\\\\", "]": "\\]", "^": "\\^"}.get(char, char)
+
+
+def _leaving(opening: str, at: int) -> Node:
+    """What may follow an answer's first `at` characters, which are `opening`'s: nothing, or a
+    character that leaves the opening and then anything, or the opening's next character and
+    on. White space leaves it only inside a key or a fence's opening backquotes: after `{`,
+    after the fence's line or where its language begins, a call written over several lines (the
+    models' own habit) would leave the grammar's binding by it."""
+    expected = opening[at]
+    binding = opening[at - 1] in "{\n" or opening[:at] == "```"
+    excluded = _gbnf_char(expected) + ("\\x00-\\x20" if binding else "\\x00")
+    sample = "ab1}[é" if binding else "ab1}[é \n"
+    away = Seq((Chars(f"[^{excluded}]", sample.replace(expected, "")), _REST))
+    if at + 1 == len(opening):
+        return Repeat(away, 0, 1)
+    return Repeat(Alt((away, Seq((Lit(expected), _leaving(opening, at + 1))))), 0, 1)
+
+
+# A plain answer: anything but the beginning of a call (`CALL_OPENINGS`). It may begin with `{`
+# or a backquote (a JSON object of other keys, a ```bash block), never with `<` (the <tool_call>
+# tags the rescue reads as a call), white space or a control character; a JSON object it begins
+# with opens `{"` (as `json.dumps` writes it). A JSON answer whose first key is "name" is a
+# call: the one answer the grammar binds to become one.
+_ANSWER = Alt(
+    (
+        Seq((Chars("[^{`<\\x00-\\x20]", "TLJ1é.!"), _REST)),
+        *(Seq((Lit(opening[0]), _leaving(opening, 1))) for opening in CALL_OPENINGS),
+    )
 )
 
 

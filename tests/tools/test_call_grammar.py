@@ -20,6 +20,7 @@ from mm_batch.config.model import ParamSpec, ToolSpec, Value
 from mm_batch.effects.gguf import source_build
 from mm_batch.jsontypes import JsonObject
 from mm_batch.tools.call_grammar import (
+    CALL_OPENINGS,
     FENCE_CLOSE,
     FENCE_OPEN,
     LEVELS,
@@ -30,6 +31,7 @@ from mm_batch.tools.call_grammar import (
     Lit,
     Node,
     ParamShape,
+    Ref,
     Repeat,
     Seq,
     ToolShape,
@@ -114,10 +116,10 @@ def check_admitted(
     """A text the grammar admits: a plain answer, or one call (bare or fenced) as `level` binds
     it; a call of a name of `also` with any arguments."""
     also = also or []
-    line = text.removeprefix(FENCE_OPEN).removesuffix(FENCE_CLOSE) if text[:1] == "`" else text
-    if not line.startswith("{"):
-        assert text[:1] not in ("`", "<", "") and not text[0].isspace(), text
+    if not text.startswith(CALL_OPENINGS):
+        assert text[:1] not in ("<", "") and text[0] > " ", text
         return
+    line = text.removeprefix(FENCE_OPEN).removesuffix(FENCE_CLOSE)
     assert text in (line, f"{FENCE_OPEN}{line}{FENCE_CLOSE}")
     assert "\n" not in line  # one line
     call = json.loads(line)
@@ -172,6 +174,83 @@ def test_every_declared_tool_and_skill_can_be_called(
         text = walk(data, grammar, option)
         assert json.loads(text)["name"] == name
         check_admitted(text, tools, level, also)
+
+
+def ends(grammar: Grammar, node: Node, text: str, at: int) -> set[int]:
+    """Where a match of `node` in `text` from `at` may end: the tree read as a recogniser."""
+    if isinstance(node, Lit):
+        return {at + len(node.text)} if text.startswith(node.text, at) else set()
+    if isinstance(node, Chars):
+        return {at + 1} if at < len(text) and _in_class(node.gbnf, text[at]) else set()
+    if isinstance(node, Ref):
+        return ends(grammar, grammar.rules[node.rule], text, at)
+    if isinstance(node, Alt):
+        return {end for option in node.options for end in ends(grammar, option, text, at)}
+    if isinstance(node, Seq):
+        here = {at}
+        for item in node.items:
+            here = {end for start in here for end in ends(grammar, item, text, start)}
+        return here
+    found, here, count = set(), {at}, 0
+    while here and (node.most is None or count <= node.most):
+        if count >= node.least:
+            found |= here
+        if node.most is not None and count == node.most:
+            break
+        here = {end for start in here for end in ends(grammar, node.item, text, start)} - found
+        count += 1
+    return found
+
+
+def _in_class(gbnf: str, char: str) -> bool:
+    """A character of a GBNF class as call_grammar writes them: `[^...]` with escapes and
+    ranges (`\\x00-\\x20`)."""
+    assert gbnf.startswith("[") and gbnf.endswith("]")
+    body, negated = gbnf[1:-1], gbnf.startswith("[^")
+    body = body[1:] if negated else body
+    decoded = body.encode().decode("unicode_escape") if "\\" in body else body
+    members: list[tuple[str, str]] = []
+    i = 0
+    while i < len(decoded):
+        if i + 2 < len(decoded) and decoded[i + 1] == "-":
+            members.append((decoded[i], decoded[i + 2]))
+            i += 3
+        else:
+            members.append((decoded[i], decoded[i]))
+            i += 1
+    inside = any(low <= char <= high for low, high in members)
+    return inside != negated
+
+
+# What a model may want to answer that begins with a call's first character: JSON written as
+# `json.dumps` writes it, a code block of another language, inline code, prose.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | _TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+ANSWERS = st.one_of(
+    _JSON.map(json.dumps),
+    st.dictionaries(_TEXT, _JSON, min_size=1, max_size=3).map(json.dumps),
+    st.tuples(st.from_regex(r"[a-z]{1,8}", fullmatch=True), _TEXT).map(
+        lambda lang_code: f"```{lang_code[0]}\n{lang_code[1]}\n```"
+    ),
+    _TEXT.map(lambda code: f"`{code}`"),
+    _TEXT,
+).filter(lambda t: t[:1] not in ("", "<") and t[0] > " ")  # no space or control first
+
+
+@EXAMPLES
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), answer=ANSWERS)
+def test_an_answer_is_never_bound_to_become_a_call(
+    tools: list[ToolShape], level: Level, answer: str
+) -> None:
+    """Whatever the model begins to answer, the grammar lets it finish as an answer, unless
+    it begins as a call does: `{"name"`, bare or in a ```json fence (CALL_OPENINGS). A JSON
+    object of other keys or a ```bash block is never turned into a call of a declared tool."""
+    grammar = call_grammar(tools, level)
+    admitted = len(answer) in ends(grammar, grammar.rules["answer"], answer, 0)
+    assert admitted != answer.startswith(CALL_OPENINGS), answer
 
 
 def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schema() -> None:
