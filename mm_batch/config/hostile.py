@@ -23,6 +23,8 @@ INT_TAG = "tag:yaml.org,2002:int"
 FLOAT_TAG = "tag:yaml.org,2002:float"
 NULL_TAG = "tag:yaml.org,2002:null"
 _DIGITS_RE = re.compile(r"[-+]?[0-9_]+")
+# `010`: octal 8 to a YAML 1.1 reader (PyYAML, most CI tools), decimal 10 to YAML 1.2.
+_LEADING_ZERO_RE = re.compile(r"[-+]?0[0-9_]+")
 _NON_FINITE_RE = re.compile(r"[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 
 MAX_DEPTH = 64  # collections, the top-level mapping being 1
@@ -138,12 +140,19 @@ def _advance(frames: list[_Frame], scalar: str | None) -> None:
 
 
 def _scalar_problem(resolver: Resolver, event: yaml.ScalarEvent) -> str | None:
-    """Numbers mm-batch refuses to read: integers over MAX_INTEGER_DIGITS and non-finite ones."""
+    """Numbers mm-batch refuses to read: integers over MAX_INTEGER_DIGITS, non-finite ones and
+    plain ones with a leading zero (read as octal or decimal by one YAML or another)."""
     value = str(event.value)
     plain = event.style is None
     tag = event.tag if event.tag not in (None, "!") else None
     if tag is None:
         tag = _resolve(resolver, value, event.implicit) if plain else STR_TAG
+    if plain and event.implicit[0] and _LEADING_ZERO_RE.fullmatch(value):
+        return (
+            f"'{excerpt(value)}' is refused: YAML 1.1 readers take a leading 0 for an octal "
+            "number and YAML 1.2 readers for a decimal one; write the number without it, or "
+            "quote it for a string"
+        )
     if tag == INT_TAG or (plain and _DIGITS_RE.fullmatch(value)):
         return digits_problem(value.replace("_", ""))
     if tag == FLOAT_TAG:

@@ -232,33 +232,32 @@ class Pristine:
         copy.chmod(0o500)
         self._copies[path] = copy
 
-    def _check_not_planted(self, directory: Path, entry: str) -> None:
-        """A path into the agent's folder that named no file at start must not run now."""
-        planted = (directory, entry) not in self.named and _names_a_path(entry)
-        if planted and _inside(directory, entry):
-            raise MissingAtStartError(
-                f"{entry} was not a file of the agent's folder when the run started"
-            )
+    def _check_not_planted(self, directory: Path, argv: Sequence[str]) -> None:
+        """No program of `argv` (argv[0] when a path, and the script an interpreter runs, a bare
+        name included: `sh verify.sh` opens ./verify.sh) may be a path into the agent's folder
+        (`directory`) that named no file at start: a tool may have written it since."""
+        for i in program_entries(argv):
+            entry = argv[i]
+            planted = (directory, entry) not in self.named and (i > 0 or _names_a_path(entry))
+            if planted and _inside(directory, entry):
+                raise MissingAtStartError(
+                    f"{entry} was not a file of the agent's folder when the run started"
+                )
 
     def hook_argv(self, directory: Path, argv: tuple[str, ...]) -> tuple[str, ...]:
         """A hook's argv, each entry that named one of the agent's files at start swapped for
         its copy. Raises MissingAtStartError for a path into the folder that named none."""
+        self._check_not_planted(directory, argv)
         swapped = []
-        for i, entry in enumerate(argv):
+        for entry in argv:
             path = self.named.get((directory, entry))
-            if path is not None:
-                swapped.append(str(self._copies[path]))
-                continue
-            if i == 0:
-                self._check_not_planted(directory, entry)
-            swapped.append(entry)
+            swapped.append(entry if path is None else str(self._copies[path]))
         return tuple(swapped)
 
     def check_files(self, directory: Path, argv: tuple[str, ...]) -> dict[int, tuple[Path, bytes]]:
         """For each entry of a `check` argv that named one of the agent's files at start: its
         index, the file and the content read then. Raises MissingAtStartError as hook_argv."""
-        if argv:
-            self._check_not_planted(directory, argv[0])
+        self._check_not_planted(directory, argv)
         files: dict[int, tuple[Path, bytes]] = {}
         for i, entry in enumerate(argv):
             path = self.named.get((directory, entry))
