@@ -147,14 +147,18 @@ def _scalar_problem(resolver: Resolver, event: yaml.ScalarEvent) -> str | None:
     tag = event.tag if event.tag not in (None, "!") else None
     if tag is None:
         tag = _resolve(resolver, value, event.implicit) if plain else STR_TAG
+    integer = tag == INT_TAG or (plain and _DIGITS_RE.fullmatch(value))
+    too_long = digits_problem(value.replace("_", "")) if integer else None
+    if too_long is not None:
+        return too_long
     if plain and event.implicit[0] and _LEADING_ZERO_RE.fullmatch(value):
         return (
             f"'{excerpt(value)}' is refused: YAML 1.1 readers take a leading 0 for an octal "
             "number and YAML 1.2 readers for a decimal one; write the number without it, or "
             "quote it for a string"
         )
-    if tag == INT_TAG or (plain and _DIGITS_RE.fullmatch(value)):
-        return digits_problem(value.replace("_", ""))
+    if integer:
+        return None
     if tag == FLOAT_TAG:
         if _NON_FINITE_RE.fullmatch(value):
             return f"a non-finite number is refused: '{excerpt(value)}'"
