@@ -250,7 +250,13 @@ class CallHandler:
     def _run_command(self, prepared: PreparedCall, timeout: float) -> _Ran:
         # Programs of the agent's folder run as they were read at start (SPEC 3).
         context = self.context
-        programs = context.pristine.programs(prepared.workdir, prepared.argv)
+        try:
+            programs = context.pristine.programs(
+                prepared.workdir, prepared.argv, self.agent.directory
+            )
+        except MissingAtStartError as exc:
+            refusal = f"not run: {exc} (a command may have written it since)"
+            return _Ran("error", refusal, refusal, started=False)
         result = context.executor.execute(
             prepared.argv,
             prepared.workdir,

@@ -160,7 +160,8 @@ def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
 
 
 class MissingAtStartError(Exception):
-    """A hook or check names a file of the agent's folder that was not there at start."""
+    """A program (a tool's, a hook's, a check's) is a file of the agent's folder that was not
+    there at start."""
 
 
 @dataclass
@@ -232,14 +233,22 @@ class Pristine:
         copy.chmod(0o500)
         self._copies[path] = copy
 
-    def _check_not_planted(self, directory: Path, argv: Sequence[str]) -> None:
-        """No program of `argv` (argv[0] when a path, and the script an interpreter runs, a bare
-        name included: `sh verify.sh` opens ./verify.sh) may be a path into the agent's folder
-        (`directory`) that named no file at start: a tool may have written it since."""
+    def _check_not_planted(
+        self, directory: Path, argv: Sequence[str], top: Path | None = None
+    ) -> None:
+        """No program of `argv` run in `directory` (argv[0] when a path, and the script an
+        interpreter runs, a bare name included: `sh verify.sh` opens ./verify.sh) may be a path
+        into the agent's folder (`top`; `directory` itself by default) that named no file at
+        start: a tool may have written it since."""
         for i in program_entries(argv):
             entry = argv[i]
-            planted = (directory, entry) not in self.named and (i > 0 or _names_a_path(entry))
-            if planted and _inside(directory, entry):
+            if (directory, entry) in self.named or not _inside(
+                top or directory, str(directory / entry)
+            ):
+                continue
+            # argv[0] as a path must have been there; a later entry taken for a script (a bare
+            # name, or an option's value read as one) only when a file is there now.
+            if (i == 0 and _names_a_path(entry)) or (i > 0 and os.path.lexists(directory / entry)):
                 raise MissingAtStartError(
                     f"{entry} was not a file of the agent's folder when the run started"
                 )
@@ -265,11 +274,16 @@ class Pristine:
                 files[i] = (path, self.contents[path])
         return files
 
-    def programs(self, workdir: Path, argv: Sequence[str]) -> tuple[PinnedProgram, ...]:
+    def programs(
+        self, workdir: Path, argv: Sequence[str], agent_dir: Path
+    ) -> tuple[PinnedProgram, ...]:
         """The programs of a tool call's argv that named one of the agent's files at start:
         argv[0], the script an interpreter is given, and any other entry of the tool's command
         that named a file of code (`env sh deploy.sh`, `timeout 5 python3 deploy.py`): each
-        with the content read then, which is what the executor runs."""
+        with the content read then, which is what the executor runs. Raises
+        MissingAtStartError for a program in the agent's folder (`agent_dir`) that named no
+        file at start."""
+        self._check_not_planted(workdir, argv, agent_dir)
         pinned = []
         programs = set(program_entries(argv))
         for i, entry in enumerate(argv):

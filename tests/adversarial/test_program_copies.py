@@ -76,6 +76,27 @@ def test_a_program_rewritten_by_an_earlier_call_runs_as_read_at_start(tmp_path: 
         assert (folder / program).read_text().startswith("#!/bin/sh\necho pwned")  # data stays
 
 
+def test_a_program_a_call_planted_is_never_run(tmp_path: Path) -> None:
+    """A tool's program (argv[0], or the script an interpreter runs) that was no file of the
+    agent's folder at start is not run when a call writes it later: an error, never started."""
+    for name, (command, program, _content) in FORMS.items():
+        if not any(command[i].endswith(program) for i in program_entries(command)):
+            # Behind a wrapper (`env`, `timeout 5`), a script is known by its content, read at
+            # start: one planted later is not refused yet.
+            continue
+        folder = tmp_path / name.replace(" ", "_").replace("/", "")
+        folder.mkdir()
+        tasks = _agent(folder, command, program, "")
+        (folder / program).unlink()  # not there at start: `rewrite` writes it during the run
+        steps = [calls(("rewrite", "{}")), calls(("deploy", '{"n": 1}'))]
+        out = run_tasks(tasks, [*steps, answer("done")])
+        rewrite, deploy = out.records.of("tool")
+        assert rewrite["outcome"] == "ran", (name, rewrite)
+        assert deploy["outcome"] == "error" and deploy["started"] is False, (name, deploy)
+        assert "was not a file of the agent's folder when the run started" in deploy["reason"]
+        assert not (folder / "pwned").exists(), name
+
+
 REFUSED = {
     "missing interpreter": "#!/nonexistent/interp\ntouch ran\n",
     "crlf shebang": "#!/bin/sh\r\ntouch ran\r\n",
