@@ -7,6 +7,7 @@ its size); this script only measures, and prints, the time each case takes:
 - the text rescue over 10 MiB of hostile JSON (tools/text_calls.py);
 - the copied-example hold over 2 MiB said (tools/declared.py);
 - an allowlist glob over a 64 KiB value (tools/consent.py);
+- the masker over 1 MiB outputs made to be slow to mask (config/secrets.py);
 - `mm-batch merge` of two shards claiming 999999999 shards, and of a shard whose junit.xml is a
   billion laughs.
 Each figure is the best of --repeat rounds, in milliseconds.
@@ -155,6 +156,23 @@ def globs(repeat: int) -> None:
     print(f"allowlist glob, 64 KiB value (ms): args {args:.1f}, bash {bash:.1f}")
 
 
+def masking(repeat: int) -> None:
+    """The masker over 1 MiB outputs made to be slow to mask (config/secrets.py)."""
+    masker = Masker(["sk-proj-7Qx9Zr2Lm4Np", "correct horse battery staple"])
+    outputs = {
+        "plain text": "lorem ipsum dolor sit amet " * 40_000,
+        "fragments before a redaction": "sk-p" * 262_144 + "***",
+        "JSON escapes everywhere": '{"a": "\\u00e9\\"x", "b": "%41%42 &amp;"} ' * 25_000,
+        "an escaped secret, many times": "x \\u0073k-proj-7Qx9Zr2Lm4Np " * 32_000,
+        "near misses in every case": "SK-PROJ-7qX9zR2lM4n! " * 50_000,
+        "a character that folds longer": "straße " * 150_000,
+    }
+    print("masking 1 MiB outputs (ms):")
+    for name, output in outputs.items():
+        ms = best_ms(functools.partial(masker.text, output), repeat)
+        print(f"  {name:40} {ms:8.1f}")
+
+
 def shards(scratch: Path) -> Path:
     """Two shards of one plan, as `mm-batch run --shard K/2` writes them."""
     root = scratch / "shards"
@@ -212,6 +230,7 @@ def main_() -> None:
         text_rescue(repeat)
         copied_example(repeat)
         globs(repeat)
+        masking(repeat)
         merges(repeat, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -22,6 +22,7 @@ from typing import NewType, TypeVar, cast
 from mm_batch.config.model import AgentConfig
 from mm_batch.config.spellings import (
     SpanMap,
+    case_folded,
     caseless,
     composed,
     identity,
@@ -63,14 +64,15 @@ class Masker:
     """Replaces every known secret value by *** in text; keys and structure are never touched."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        given = {s for s in secrets if len(s) >= MIN_SECRET_LENGTH}
+        # A secret pasted with a line break or spaces at its ends is also found without them.
+        given = {t for s in secrets for t in (s, s.strip()) if len(t) >= MIN_SECRET_LENGTH}
         # A secret may come back escaped by someone else: a provider's error quoting the
         # request's JSON, an HTTP library's repr of a header, a URL's query.
         forms = {form for s in given for form in written_forms(s)}
         values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
-        self.caseless = tuple(caseless(v) for v in values)
-        self._patterns = tuple(secret_pattern(v) for v in self.caseless)
+        self._caseless = tuple(caseless(v) for v in values)
+        self._patterns = tuple(secret_pattern(case_folded(v)[0]) for v in values)
         # Every run of FRAGMENT characters of a secret: what a redaction's neighbour must hold to
         # be worth a closer look (see `_fragment_spans`).
         self._grams = frozenset(
@@ -112,7 +114,7 @@ class Masker:
         spans: list[tuple[int, int]] = []
         for boundary in _BOUNDARY.finditer(probe):
             at = boundary.start()
-            for key in self.caseless:
+            for key in self._caseless:
                 if _common_start(probe[at : at + len(key)], key) >= FRAGMENT:
                     spans.append((at, _space_after(masked, at)))
                 before = probe[max(at - len(key), 0) : at]
@@ -218,13 +220,13 @@ class Masker:
 
     def _found(self, text: str) -> list[tuple[int, int]]:
         """Every occurrence of every secret in `text`, in any case, overlapping ones included."""
-        folded_case = caseless(text)
+        view, to_text = case_folded(text)
         found: list[tuple[int, int]] = []
         for pattern in self._patterns:
-            match = pattern.search(folded_case)
+            match = pattern.search(view)
             while match is not None:
-                found.append(match.span())
-                match = pattern.search(folded_case, match.start() + 1)
+                found.append(to_text(*match.span()))
+                match = pattern.search(view, match.start() + 1)
         return found
 
     def _found_through_escapes(
@@ -241,18 +243,27 @@ class Masker:
 
     def _fragment_spans(self, text: str) -> list[tuple[int, int]]:
         """The beginning of a secret just before a redaction, and its end just after one, when
-        FRAGMENT or more characters long: what a provider's own masking leaves of a key."""
+        FRAGMENT or more characters long: what a provider's own masking leaves of a key. A run
+        of them (`sk-psk-p***`) is taken whole, in one pass over the text, not one a pass."""
         found: list[tuple[int, int]] = []
         for redaction in _REDACTION.finditer(text):
             start, end = redaction.span()
-            if text[max(start - FRAGMENT, 0) : start] in self._grams:
-                longest = max(_overlap(text[:start], s, FRAGMENT) for s in self._secrets)
-                if longest:
-                    found.append((start - longest, start))
-            if text[end : end + FRAGMENT] in self._grams:
-                longest = max(_underlap(text[end:], s, FRAGMENT) for s in self._secrets)
-                if longest:
-                    found.append((end, end + longest))
+            at = start
+            while text[max(at - FRAGMENT, 0) : at] in self._grams:
+                longest = max(_overlap(text, s, FRAGMENT, at) for s in self._secrets)
+                if not longest:
+                    break
+                at -= longest
+            if at < start:
+                found.append((at, start))
+            at = end
+            while text[at : at + FRAGMENT] in self._grams:
+                longest = max(_underlap(text, s, FRAGMENT, at) for s in self._secrets)
+                if not longest:
+                    break
+                at += longest
+            if at > end:
+                found.append((end, at))
         return found
 
     def _open_tail(self, text: str) -> int:
@@ -265,11 +276,12 @@ class Masker:
         return max(whole, split + broken if split else 0)
 
 
-def _overlap(text: str, secret: str, least: int = 1) -> int:
-    """The length of the longest end of `text` that is a proper beginning of `secret` (0 when
-    shorter than `least`)."""
-    for n in range(min(len(secret) - 1, len(text)), least - 1, -1):
-        if text.endswith(secret[:n]):
+def _overlap(text: str, secret: str, least: int = 1, end: int | None = None) -> int:
+    """The length of the longest end of `text` (of its first `end` characters) that is a proper
+    beginning of `secret` (0 when shorter than `least`)."""
+    end = len(text) if end is None else end
+    for n in range(min(len(secret) - 1, end), least - 1, -1):
+        if text.endswith(secret[:n], 0, end):
             return n
     return 0
 
@@ -293,11 +305,11 @@ def _common_start(text: str, secret: str) -> int:
     return shared
 
 
-def _underlap(text: str, secret: str, least: int) -> int:
-    """The length of the longest beginning of `text` that is a proper end of `secret` (0 when
-    shorter than `least`)."""
-    for n in range(min(len(secret) - 1, len(text)), least - 1, -1):
-        if text.startswith(secret[-n:]):
+def _underlap(text: str, secret: str, least: int, start: int = 0) -> int:
+    """The length of the longest beginning of `text` (from `start`) that is a proper end of
+    `secret` (0 when shorter than `least`)."""
+    for n in range(min(len(secret) - 1, len(text) - start), least - 1, -1):
+        if text.startswith(secret[-n:], start):
             return n
     return 0
 

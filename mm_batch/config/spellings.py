@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import functools
 import html
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -48,8 +49,28 @@ def _caseless_character(char: str) -> str:
     return char
 
 
+def case_folded(text: str) -> tuple[str, SpanMap]:
+    """`text` in one case, whole (`ß` and `SS` both as `ss`, `ﬁ` as `fi`), and the map from a
+    span of it back to the text's (a character that grew maps whole)."""
+    whole = text.upper().casefold()
+    if len(whole) == len(text):  # no mapping grew (none shrinks), so each kept its place
+        return whole, identity
+    pieces = [_folded_character(char) for char in text]
+    starts = list(itertools.accumulate((len(piece) for piece in pieces), initial=0))
+
+    def to_text(start: int, end: int) -> Span:
+        return bisect.bisect_right(starts, start) - 1, bisect.bisect_right(starts, end - 1)
+
+    return "".join(pieces), to_text
+
+
+@functools.lru_cache(maxsize=4096)
+def _folded_character(char: str) -> str:
+    return char.upper().casefold()
+
+
 def secret_pattern(secret: str) -> re.Pattern[str]:
-    """A (lowered) secret with each run of white space in it matching any run (a fold makes
+    """A (folded) secret with each run of white space in it matching any run (a fold makes
     one space of a line break and the indent after it)."""
     return re.compile(r"\s+".join(re.escape(piece) for piece in _WHITESPACE.split(secret)))
 
@@ -63,7 +84,8 @@ _BACKSLASH_ESCAPE = (
     r"|U[0-9a-fA-F]{8}|x[0-9a-fA-F]{2}|[\"'\\/bfnrt])"
 )
 _PERCENT_ESCAPE = r"(?:%[0-9a-fA-F]{2})+"
-_HTML_ESCAPE = r"&(?:#[0-9]{1,7};?|#[xX][0-9a-fA-F]{1,6};?|[A-Za-z][A-Za-z0-9]{1,31};)"
+# A numeric reference may carry any number of leading zeros (`&#00000115;` is an `s`).
+_HTML_ESCAPE = r"&(?:#0*[0-9]{1,7};?|#[xX]0*[0-9a-fA-F]{1,6};?|[A-Za-z][A-Za-z0-9]{1,31};)"
 # One way of reading escapes: one family, or all at once (an encoder that mixes them); each
 # with the character its escapes begin with (no such character: nothing to read).
 _WAYS = (
@@ -110,8 +132,9 @@ def _decoded(escape: str) -> str:
 
 
 def _character(code: int) -> str:
-    """The character of a code point; none for what is no character (a lone surrogate)."""
-    return chr(code) if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else ""
+    """The character of a code point; U+FFFD for what is none (a lone surrogate, past the
+    last code point), as browsers read such a reference."""
+    return chr(code) if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
 
 
 def readings(text: str) -> Iterator[list[tuple[re.Pattern[str], str]]]:
