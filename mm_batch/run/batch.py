@@ -198,7 +198,16 @@ def run_batch(
     """Run the plan; return one result per run, in plan order, whatever happened. `unpriced`:
     the models (masked) litellm knows no price for, whose calls `--max-cost` counts as 0.
     `on_start` gets the (masked) id of each run as it starts, `on_result` its result; `warn`
-    each warning for the person running the batch (once per batch)."""
+    each warning for the person running the batch (once per batch). `pristine`: the files the
+    tasks' programs named when the run started; read now when not given (and let go after)."""
+    if pristine is None:
+        taken = Pristine.take({r.task.id: r.task for r in plan.runs}.values())
+        try:
+            return run_batch(
+                plan, effects, recorder, masker, cancel, on_result, taken, unpriced, on_start, warn
+            )
+        finally:
+            taken.close()
     spending = _Spending(recorder, unpriced)
     slots = [
         _Slot(
@@ -212,7 +221,7 @@ def run_batch(
         effects,
         masker,
         cancel,
-        pristine or Pristine(),
+        pristine,
         Notices(warn),
         spending,
         on_start,
