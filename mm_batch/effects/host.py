@@ -134,6 +134,10 @@ class HostExecutor:
         """A `check` runs as the tools do: the host has no other user to give it."""
         return self.execute(argv, workdir, {}, timeout, cancel)
 
+    def settled(self) -> str | None:
+        """Nothing to wait for: a call's process group is killed before it returns."""
+        return None
+
     def execute(
         self,
         argv: Sequence[str],

@@ -98,6 +98,11 @@ class Executor(Protocol):
         tool has, with scratch space no tool can write or fill)."""
         ...
 
+    def settled(self) -> str | None:
+        """Wait until what the calls left running is cleared away (in docker, the sweep after
+        the last call); why it could not be, if it could not (the task run is then an error)."""
+        ...
+
     def close(self) -> None: ...
 
 

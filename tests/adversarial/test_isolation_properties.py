@@ -114,29 +114,31 @@ def test_a_fork_bomb_left_running_is_swept_and_confirmed(
     only_the_listing_is_left(box, tmp_path)
 
 
-def test_a_sweep_that_finds_processes_left_makes_the_call_a_sandbox_failure(
-    box: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # What the sweep says when a process of the uid outlived every pass (tried for a moment).
-    monkeypatch.setattr(docker_sweep, "_SWEEP", "echo 'left 4242'; exit 3")
-    monkeypatch.setattr(docker_sweep, "KILL_TRIES_S", 0.5)
-    assert sh(box, tmp_path, "true").exit_code == 0  # this call's sweep fails
-    result = sh(box, tmp_path, "touch ran-after")
-    assert result.sandbox_failed and not result.started
-    assert "still alive after the sweep (left 4242)" in (result.error or "")
-    assert not (tmp_path / "ran-after").exists()
+# Each part of the sweep failing as it would: a process of the uid outlived every pass of the
+# root scan; or the uid's own kill(-1) never ran (a clean scan is not enough: only that kill
+# reaches a lineage born after the scan). Tried for a moment, then the next call fails.
+SWEEP_FAILURES = {
+    "a-process-outlived-the-scan": (
+        "_SWEEP",
+        "echo 'left 4242'; exit 3",
+        "still alive after the sweep (left 4242)",
+    ),
+    "the-uids-kill-never-ran": ("_KILL_ALL", "echo missed", "no kill of the uid's own could run"),
+}
 
 
-def test_a_sweep_whose_own_kill_of_the_uid_never_ran_is_a_sandbox_failure(
-    box: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("failure", sorted(SWEEP_FAILURES))
+def test_a_sweep_that_cannot_confirm_makes_the_next_call_a_sandbox_failure(
+    box: DockerSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
-    # A clean scan is not enough: only the uid's kill(-1) reaches a lineage born after the scan.
-    monkeypatch.setattr(docker_sweep, "_KILL_ALL", "echo missed")
+    script, replaced_by, said = SWEEP_FAILURES[failure]
+    monkeypatch.setattr(docker_sweep, script, replaced_by)
     monkeypatch.setattr(docker_sweep, "KILL_TRIES_S", 0.5)
     assert sh(box, tmp_path, "true").exit_code == 0  # this call's sweep fails
+    assert said in (box.settled() or "")  # what a run's end reads, with no call after
     result = sh(box, tmp_path, "touch ran-after")
     assert result.sandbox_failed and not result.started
-    assert "no kill of the uid's own could run" in (result.error or "")
+    assert said in (result.error or "")
     assert not (tmp_path / "ran-after").exists()
 
 

@@ -1,10 +1,11 @@
 """A tool call that attacks the sweep after it (SPEC 3, "Calls are isolated from each other").
 
-A process the call leaves behind loops `kill -STOP -1`: it stops the sweep's own exec of the
-tools' uid while that exec is still `runc init` (after the runtime set its uid, before it runs
-the program). The sweep cannot confirm that the call's processes are gone, which must make the
-task run an error, never a pass; and the stopped `runc init` holds up the engine's every request
-about the container (inspect, kill, remove), so the container must still be removed.
+A process the call leaves behind loops `kill -STOP -1`: it stopped the sweep's own exec of the
+tools' uid while that exec was still `runc init` (after the runtime set its uid, before it ran
+the program), and the stopped `runc init` held up the engine's every request about the
+container, its removal included; a last call's unconfirmed sweep was read by no one, so the run
+passed. The sweep now stops and kills the uid's processes from root before it starts an exec of
+that uid, and the last call's sweep is waited for before the verdict.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _unwedge(docker_client: Any, run_prefix: str) -> None:
         time.sleep(1)
 
 
-def test_a_last_call_whose_leftover_the_sweep_cannot_end_makes_the_run_an_error(
+def test_a_last_call_leaving_a_stopper_is_judged_after_its_sweep_ended_it(
     docker_client: Any, cli: Cli, fake_model: Fake, tmp_path: Path
 ) -> None:
     agent = tmp_path / "agent"
@@ -65,14 +66,15 @@ def test_a_last_call_whose_leftover_the_sweep_cannot_end_makes_the_run_an_error(
     try:
         result = cli("run", tasks, *model_args(fake), "--out", out)
         (final,) = [r for r in read_calls(out) if r["kind"] == "task"]
-        # The call's processes were never confirmed gone: no pass may stand on it.
-        assert final["status"] == "error", final
-        assert result.code == 3, result.err
+        # Judged once the last call's sweep confirmed that the stopper is gone.
+        assert final["status"] == "passed", final
+        assert result.code == 0, result.err
+        assert not _listed(docker_client, "stopper["), "the run's container outlived it"
     finally:
         _unwedge(docker_client, "stopper[")
 
 
-def test_a_sandbox_whose_sweep_was_stopped_is_still_removed_by_close(
+def test_a_stopper_left_by_a_call_stops_no_sweep_and_close_removes_the_container(
     docker_client: Any, tmp_path: Path
 ) -> None:
     folder = tmp_path / "agent"
@@ -81,12 +83,11 @@ def test_a_sandbox_whose_sweep_was_stopped_is_still_removed_by_close(
     spec = SandboxSpec(kind="docker", image=TEST_IMAGE, pids=128, memory="256m", workspace="mount")
     box = DockerSandbox(docker_client, spec, folder, "sweep-stopped")
     try:
-        # The call times out: the sweep runs while the call's stream is still read, and is
-        # stopped in `runc init`; the call is an error, which SPEC allows.
+        # The call times out: the sweep runs while the call's stream is still read.
         first = box.execute(["sh", "-c", f"{STOPPER} sleep 100"], folder, {}, 2.0)
-        assert first.error is not None
+        assert first.timed_out, first
         second = box.execute(["sh", "-c", "echo next"], folder, {}, 10.0)
-        assert second.error is not None and second.stdout.data == b""
+        assert second.exit_code == 0 and second.stdout.data == b"next\n", second
         container_id = box.container_id
         box.close()
         time.sleep(1)

@@ -97,6 +97,16 @@ class DyingSandbox(HostExecutor):
         return replace(result, error="the container died", sandbox_failed=True, exit_code=None)
 
 
+class UnsettledSandbox(HostExecutor):
+    """Runs each call; the sweep after the last one could not confirm that its processes are
+    gone (a leftover it could not end)."""
+
+    where = "docker:test"
+
+    def settled(self) -> str | None:
+        return "what the previous call left could not be cleared away: left 4242"
+
+
 class ClosingRaises(HostExecutor):
     def close(self) -> None:
         raise RuntimeError("cannot remove the container")
@@ -180,6 +190,16 @@ def test_a_sandbox_that_dies_mid_call_is_an_error_and_the_call_counts_as_started
     assert out.result.status == "error" and "the container died" in out.result.reason
     tool = out.records.of("tool")[0]
     assert (tool["outcome"], tool["started"]) == ("error", True)
+
+
+def test_a_last_call_whose_sweep_could_not_confirm_makes_the_run_an_error(
+    tmp_path: Path,
+) -> None:
+    """The sweep runs off the call's path, so only a later call or check would read its
+    failure: after the last call the run waits for it, and no pass stands on it."""
+    out = run_tasks(setup(tmp_path), GOOD, executor=UnsettledSandbox)
+    assert out.result.status == "error" and "left 4242" in out.result.reason
+    assert out.records.of("tool")[0]["outcome"] == "ran"  # the call itself went well
 
 
 def test_a_sandbox_that_cannot_start_is_an_error(tmp_path: Path) -> None:

@@ -113,6 +113,9 @@ class _Tracked:
     ) -> ExecResult:
         return self._sandbox.execute_check(argv, workdir, timeout, cancel)
 
+    def settled(self) -> str | None:
+        return self._sandbox.settled()
+
     def close(self) -> None:
         self._sandbox.close()
         self._owner.forget(self._sandbox)

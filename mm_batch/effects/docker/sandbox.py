@@ -119,6 +119,15 @@ class DockerSandbox:
             with contextlib.suppress(Exception):
                 self.client.api.remove_container(container.id, force=True)
 
+    def settled(self) -> str | None:
+        if self.engine.container is None:
+            return None
+        try:
+            self._sweeper.settle()
+        except SandboxError as exc:
+            return f"the container failed: {exc}"
+        return None
+
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         """Copies for a `check`, out of every tool's reach (`Copies.protect`), placed once the
         sweep has confirmed that no tool process is left to change the originals."""

@@ -30,8 +30,10 @@ from mm_batch.run.ports import SandboxError
 
 KILL_TRIES_S = 5.0
 # Each pass lists the processes of the uid ($1) and SIGKILLs them; a pass that finds none prints
-# `clean`. `kill` may be the shell's built-in and its status is not trusted: only the next pass's
-# count is. The shell's own pid is skipped; it runs as root, never the uid swept.
+# `clean`. Each pass stops all it found before it kills any (a stopped process can neither fork
+# nor signal the next exec). `kill` may be the shell's built-in and its status is not trusted:
+# only the next pass's count is. The shell's own pid is skipped (it runs as root, never the uid
+# swept).
 # A leader whose own thread exited shows Z while its other threads run: a process is dead only
 # when it is Z or X with one thread left (SIGKILL to its pid ends the others).
 # Zombies are dead already, but each holds its pid (against the pids limit) until docker-init
@@ -58,6 +60,7 @@ while :; do
   fi
   n=$((n + 1))
   [ $n -gt 300 ] && { echo "left$left"; exit 3; }
+  kill -STOP $left 2>/dev/null
   kill -9 $left 2>/dev/null
 done
 """
@@ -131,6 +134,11 @@ def sweep(engine: Engine, uid: int, gid: int) -> None:
     nothing: Pid 0) or that a leftover kills before it acts is simply tried again.
     """
     give_up = time.monotonic() + KILL_TRIES_S
+    # The root scan goes first: the uid's own exec is one more process of that uid, which a
+    # leftover could stop while the runtime starts it (a stopped `runc init` hangs the engine's
+    # requests on the container, its removal included). What the scan stopped and killed can
+    # stop nothing; the kill(-1) after it reaches what the scan could not see.
+    engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
     while True:
         struck = engine.run(["/bin/sh", "-c", _KILL_ALL], f"{uid}:{gid}")
         scan = engine.run(["/bin/sh", "-c", _SWEEP, "sweep", str(uid)], ROOT)
