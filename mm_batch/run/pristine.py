@@ -12,6 +12,7 @@ up again later, so a file swapped for a symlink (or created) during the run is n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -173,6 +174,9 @@ class Pristine:
     contents: dict[Path, bytes] = field(default_factory=dict)
     # (tool's workdir, entry as written) of a tool's command that named a file of code at start
     code: set[tuple[Path, str]] = field(default_factory=set)
+    # (folder, entry as written) that named anything at start, copied or not (a link out of the
+    # agent's folder, a file too big to copy): never taken for a program planted since
+    present: set[tuple[Path, str]] = field(default_factory=set)
     _folder: Path | None = None
     _copies: dict[Path, Path] = field(default_factory=dict)
 
@@ -207,6 +211,9 @@ class Pristine:
         key = (directory, entry)
         if key in self.named:
             return self.named[key]
+        with contextlib.suppress(OSError, ValueError):
+            if entry and os.path.lexists(directory / entry):
+                self.present.add(key)
         path = _under(directory, entry, top)
         if path is None:
             return None
@@ -242,9 +249,8 @@ class Pristine:
         start: a tool may have written it since."""
         for i in program_entries(argv):
             entry = argv[i]
-            if (directory, entry) in self.named or not _inside(
-                top or directory, str(directory / entry)
-            ):
+            there = (directory, entry) in self.named or (directory, entry) in self.present
+            if there or not _inside(top or directory, str(directory / entry)):
                 continue
             # argv[0] as a path must have been there; a later entry taken for a script (a bare
             # name, or an option's value read as one) only when a file is there now.
