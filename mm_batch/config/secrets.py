@@ -23,7 +23,6 @@ from mm_batch.config.model import AgentConfig
 from mm_batch.config.spellings import (
     SpanMap,
     case_folded,
-    caseless,
     composed,
     identity,
     readings,
@@ -71,8 +70,8 @@ class Masker:
         forms = {form for s in given for form in written_forms(s)}
         values = sorted({f for f in forms if len(f) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
         self._secrets = tuple(values)
-        self._caseless = tuple(caseless(v) for v in values)
-        self._patterns = tuple(secret_pattern(case_folded(v)[0]) for v in values)
+        self._folded = tuple(case_folded(v)[0] for v in values)
+        self._patterns = tuple(secret_pattern(v) for v in self._folded)
         # Every run of FRAGMENT characters of a secret: what a redaction's neighbour must hold to
         # be worth a closer look (see `_fragment_spans`).
         self._grams = frozenset(
@@ -110,16 +109,17 @@ class Masker:
         masked = self.text(value)
         if not self._secrets:
             return masked
-        probe = caseless(masked)
+        probe, to_masked = case_folded(masked)
         spans: list[tuple[int, int]] = []
         for boundary in _BOUNDARY.finditer(probe):
             at = boundary.start()
-            for key in self._caseless:
+            here = to_masked(at, at + 1)[0]  # where the probe's position lies in the text
+            for key in self._folded:
                 if _common_start(probe[at : at + len(key)], key) >= FRAGMENT:
-                    spans.append((at, _space_after(masked, at)))
+                    spans.append((here, _space_after(masked, here)))
                 before = probe[max(at - len(key), 0) : at]
                 if _common_start(before[::-1], key[::-1]) >= FRAGMENT:
-                    spans.append((_space_before(masked, at), at))
+                    spans.append((_space_before(masked, here), here))
         if not spans:
             return masked
         pieces: list[str] = []

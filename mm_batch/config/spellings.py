@@ -1,5 +1,5 @@
 """How another party may have written a secret, for the masker (`config.secrets`) to find it
-by one rule each, never by a list of spellings: in any case (`caseless`), with any run of white
+by one rule each, never by a list of spellings: in any case (`case_folded`), with any run of white
 space where the secret has one (`secret_pattern`), and through escapes (`readings`: JSON's
 `\u0073`, `%73`, `&#115;`, one inside another), each read as what it stands for, with a map
 back to the text (`unescaped`) so that the whole escape is masked.
@@ -27,26 +27,6 @@ def written_forms(secret: str) -> set[str]:
     with contextlib.suppress(UnicodeEncodeError):
         forms.add(repr(secret.encode("utf-8"))[2:-1])
     return forms
-
-
-def caseless(text: str) -> str:
-    """`text` with each character in one case: upper, then folded (so the micro sign and the
-    Greek capital mu, or the dotless i and I, read alike). A character whose one case is longer
-    (`ß`, `İ`) stays as alike as a single character allows, so that every other one keeps its
-    place."""
-    caseless = text.upper().casefold()
-    if len(caseless) == len(text):  # no mapping grew (none shrinks), so each kept its place
-        return caseless
-    return "".join(map(_caseless_character, text))
-
-
-@functools.lru_cache(maxsize=4096)
-def _caseless_character(char: str) -> str:
-    upper = char.upper()
-    for caseless in (upper.casefold(), char.casefold(), char.lower()):
-        if len(caseless) == 1:
-            return caseless
-    return char
 
 
 def case_folded(text: str) -> tuple[str, SpanMap]:
@@ -111,6 +91,7 @@ def composed(outer: SpanMap, inner: SpanMap) -> SpanMap:
     return lambda start, end: outer(*inner(start, end))
 
 
+@functools.lru_cache(maxsize=4096)
 def _decoded(escape: str) -> str:
     """The characters an escape stands for (an escape that stands for none: itself)."""
     if escape[0] == "%":
@@ -159,13 +140,8 @@ def readings(text: str) -> Iterator[list[tuple[re.Pattern[str], str]]]:
         frontier = deeper
 
 
-@functools.lru_cache(maxsize=4096)
-def _decoded_once(escape: str) -> str:
-    return _decoded(escape)
-
-
 def _read(match: re.Match[str]) -> str:
-    return _decoded_once(match.group())
+    return _decoded(match.group())
 
 
 def unescaped(text: str, way: re.Pattern[str]) -> tuple[str, SpanMap]:
