@@ -28,35 +28,92 @@ MAX_PRISTINE_BYTES = 64 * 1024 * 1024  # a hook or check file larger than this i
 
 
 @dataclass(frozen=True)
-class _Options:
-    """An interpreter's options that take a separate value (`python3 -W ignore x.py`), and
-    those after which the code comes from the command line or a module (`sh -c`, `python3
-    -m`): then no operand is a script."""
+class _Syntax:
+    """How a program that runs another reads its command line.
 
-    takes_value: frozenset[str]
-    code: frozenset[str]
+    `takes_value`: its options that take a value (`-W ignore`, or attached: `-Wignore`).
+    `code`: options after which no operand is a program it runs: the code comes from the
+    command line or a module (`sh -c`, `python3 -m`, `env -S`), or the operand is read
+    elsewhere (`env -C DIR` moves where a relative path points; `taskset -p PID`).
+    An interpreter (`script`) runs its first operand as a script, a bare name included;
+    a wrapper runs its first operand as a command (looked up on the PATH unless a path),
+    after `skipped` operands of its own (`timeout`'s DURATION) and, for `env`, NAME=VALUE.
+    """
+
+    takes_value: frozenset[str] = frozenset()
+    code: frozenset[str] = frozenset()
+    script: bool = False
+    skipped: int = 0
+    assignments: bool = False
 
 
-# Programs that run a script named by their first operand, and their options.
-_SHELL = _Options(frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}), frozenset({"-c"}))
-_INTERPRETERS: dict[str, _Options] = {
-    "python": _Options(frozenset({"-W", "-X", "-Q"}), frozenset({"-c", "-m"})),
+def _interp(takes_value: set[str], code: set[str]) -> _Syntax:
+    return _Syntax(frozenset(takes_value), frozenset(code | {"-"}), script=True)
+
+
+def _wrapper(
+    takes_value: set[str] | None = None, code: set[str] | None = None, skipped: int = 0
+) -> _Syntax:
+    return _Syntax(frozenset(takes_value or ()), frozenset(code or ()), skipped=skipped)
+
+
+_SHELL = _interp({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}, {"-c"})
+_SYNTAX: dict[str, _Syntax] = {
+    # Interpreters: the first operand is the script they run.
+    "python": _interp({"-W", "-X", "-Q", "--check-hash-based-pycs"}, {"-c", "-m"}),
     "sh": _SHELL,
     "bash": _SHELL,
     "dash": _SHELL,
     "ash": _SHELL,
     "zsh": _SHELL,
     "ksh": _SHELL,
-    "node": _Options(
-        frozenset({"-r", "--require", "--import", "--loader"}),
-        frozenset({"-e", "--eval", "-p", "--print"}),
+    "node": _interp({"-r", "--require", "--import", "--loader"}, {"-e", "--eval", "-p", "--print"}),
+    "perl": _interp({"-I", "-M", "-m"}, {"-e", "-E"}),
+    "ruby": _interp({"-I", "-r"}, {"-e"}),
+    "php": _interp({"-d", "-c"}, {"-r"}),
+    "lua": _interp({"-l"}, {"-e"}),
+    "Rscript": _interp(set(), {"-e"}),
+    "tclsh": _interp(set(), set()),
+    # Wrappers: the first operand (after their own) is the command they run.
+    "env": _Syntax(
+        frozenset({"-u", "--unset"}),
+        frozenset({"-S", "--split-string", "-C", "--chdir"}),
+        assignments=True,
     ),
-    "perl": _Options(frozenset({"-I", "-M", "-m"}), frozenset({"-e", "-E"})),
-    "ruby": _Options(frozenset({"-I", "-r"}), frozenset({"-e"})),
-    "php": _Options(frozenset({"-d", "-c"}), frozenset({"-r"})),
-    "lua": _Options(frozenset({"-l"}), frozenset({"-e"})),
-    "Rscript": _Options(frozenset(), frozenset({"-e"})),
-    "tclsh": _Options(frozenset(), frozenset()),
+    "timeout": _wrapper({"-s", "--signal", "-k", "--kill-after"}, skipped=1),
+    "nice": _wrapper({"-n", "--adjustment"}),
+    "nohup": _wrapper(),
+    "setsid": _wrapper(),
+    "stdbuf": _wrapper({"-i", "-o", "-e", "--input", "--output", "--error"}),
+    "ionice": _wrapper(
+        {"-c", "--class", "-n", "--classdata"}, {"-p", "--pid", "-P", "--pgid", "-u", "--uid"}
+    ),
+    "chrt": _wrapper({"-T", "-P", "-D"}, {"-p", "--pid", "-m", "--max"}, skipped=1),
+    "taskset": _wrapper(code={"-p", "--pid"}, skipped=1),
+    "flock": _wrapper(
+        {"-w", "--timeout", "-E", "--conflict-exit-code"}, {"-c", "--command"}, skipped=1
+    ),
+    "time": _wrapper({"-f", "--format", "-o", "--output"}),
+    "xargs": _wrapper(
+        {
+            "-a",
+            "--arg-file",
+            "-d",
+            "--delimiter",
+            "-E",
+            "-I",
+            "-L",
+            "--max-lines",
+            "-n",
+            "--max-args",
+            "-P",
+            "--max-procs",
+            "-s",
+            "--max-chars",
+            "--process-slot-var",
+        }
+    ),
+    "busybox": _wrapper(),
 }
 
 
@@ -116,48 +173,73 @@ def _inside(directory: Path, entry: str) -> bool:
     return written == directory or directory in written.parents
 
 
-def _interpreter(program: str) -> _Options | None:
-    """An interpreter's options with a value, and its code options (`python3.11` is python)."""
+def _syntax(program: str) -> _Syntax | None:
+    """How a program reads its command line, when it runs another (`python3.11` is python)."""
     name = program.rsplit("/", 1)[-1]
-    base = name.rstrip("0123456789.")
-    return _INTERPRETERS.get(name, _INTERPRETERS.get(base))
+    return _SYNTAX.get(name, _SYNTAX.get(name.rstrip("0123456789.")))
 
 
-def _holds_code_option(entry: str, code: frozenset[str]) -> bool:
-    """Whether a cluster of short options (`-ec`, `-uc`) holds a code option."""
-    if not entry.startswith("-") or entry.startswith("--") or len(entry) < 3:
-        return False
-    return any(f"-{letter}" in code for letter in entry[1:])
+def _first_operand(argv: Sequence[str], i: int, syntax: _Syntax) -> int | None:
+    """The index of the first operand from `i` on, past the options and their values; None
+    when a code option comes first or no operand is left."""
+    while i < len(argv):
+        entry = argv[i]
+        if entry == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        if entry in syntax.code:
+            return None
+        if entry.startswith("--"):
+            name, attached, _ = entry.partition("=")
+            if name in syntax.code:
+                return None
+            i += 2 if name in syntax.takes_value and not attached else 1
+            continue
+        if len(entry) > 1 and entry.startswith(("-", "+")):
+            # A cluster of short options (`-eu`, `-ec`, `-Wignore`, `-uW ignore`): a letter
+            # that takes a value takes the rest of the cluster, or the next entry.
+            step = 1
+            for k in range(1, len(entry)):
+                option = entry[0] + entry[k]
+                if option in syntax.code:
+                    return None
+                if option in syntax.takes_value:
+                    step = 2 if k == len(entry) - 1 else 1
+                    break
+            i += step
+            continue
+        if syntax.assignments and (entry == "-" or "=" in entry):  # env's `-` and NAME=VALUE
+            i += 1
+            continue
+        return i
+    return None
+
+
+MAX_WRAPPERS = 16  # wrappers nested deeper than this are not followed
 
 
 def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
-    """The indexes of an argv that name a program to run: argv[0] when it is a path, and the
-    script an interpreter is given (its first operand), unless the code comes from an option."""
-    if not argv:
-        return ()
-    found = [0] if _names_a_path(argv[0]) else []
-    options = _interpreter(argv[0])
-    if options is None:
-        return tuple(found)
-    takes_value, code = options.takes_value, options.code
-    i = 1
-    while i < len(argv):
-        entry = argv[i]
-        if entry in code or entry == "-" or _holds_code_option(entry, code):
+    """The indexes of an argv that name a program to run: argv[0] when it is a path, the
+    command a wrapper runs when it is a path (`env`, `timeout 5`, `nice -n 5`, nested), and
+    the script an interpreter is given (its first operand, a bare name included), unless the
+    code comes from an option (`sh -c`, `python3 -m`)."""
+    found: list[int] = []
+    i: int | None = 0
+    for _ in range(MAX_WRAPPERS):
+        if i is None or i >= len(argv):
             break
-        if entry == "--":
-            if i + 1 < len(argv):
-                found.append(i + 1)
+        if _names_a_path(argv[i]):
+            found.append(i)
+        syntax = _syntax(argv[i])
+        if syntax is None:
             break
-        if entry in takes_value:
-            i += 2
-            continue
-        if entry.startswith(("-", "+")):
-            i += 1
-            continue
-        found.append(i)
-        break
-    return tuple(found)
+        i = _first_operand(argv, i + 1, syntax)
+        if i is None:
+            break
+        if syntax.script:
+            found.append(i)
+            break
+        i += syntax.skipped
+    return tuple(sorted(set(found)))
 
 
 class MissingAtStartError(Exception):

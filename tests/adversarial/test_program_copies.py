@@ -77,13 +77,10 @@ def test_a_program_rewritten_by_an_earlier_call_runs_as_read_at_start(tmp_path: 
 
 
 def test_a_program_a_call_planted_is_never_run(tmp_path: Path) -> None:
-    """A tool's program (argv[0], or the script an interpreter runs) that was no file of the
-    agent's folder at start is not run when a call writes it later: an error, never started."""
+    """A tool's program (argv[0], or the script an interpreter runs, behind wrappers too) that
+    was no file of the agent's folder at start is not run when a call writes it later: an
+    error, never started."""
     for name, (command, program, _content) in FORMS.items():
-        if not any(command[i].endswith(program) for i in program_entries(command)):
-            # Behind a wrapper (`env`, `timeout 5`), a script is known by its content, read at
-            # start: one planted later is not refused yet.
-            continue
         folder = tmp_path / name.replace(" ", "_").replace("/", "")
         folder.mkdir()
         tasks = _agent(folder, command, program, "")
@@ -149,6 +146,47 @@ def interpreter_lines(draw: st.DrawFn) -> tuple[list[str], int | None]:
     return argv, script
 
 
+# Wrappers that run the command after their own options and operands, as their manuals say.
+WRAPPERS: dict[str, list[list[str]]] = {
+    "env": [[], ["-i"], ["-"], ["-u", "HOME"], ["--unset=HOME"], ["A=1"], ["-i", "B=x=y"]],
+    "/usr/bin/env": [[], ["A=1", "C=2"]],
+    "timeout": [["5"], ["-s", "KILL", "5"], ["-k5", "10s"], ["--signal", "TERM", "1m"]],
+    "nice": [[], ["-n", "5"], ["-10"], ["--adjustment=3"]],
+    "nohup": [[]],
+    "setsid": [[], ["-w"]],
+    "stdbuf": [["-oL"], ["-o", "0", "-eL"]],
+    "xargs": [[], ["-n", "1"], ["-I{}"], ["-P", "2", "-0"]],
+    "flock": [["/tmp/lock"], ["-w", "3", "/tmp/lock"]],
+    "busybox": [[]],
+}
+# Wrappers whose command comes from a string or a place the line does not say: nothing after
+# them is taken for a program.
+OPAQUE = [["env", "-S", "sh x.sh"], ["env", "-C", "sub"], ["flock", "-c", "sh x.sh", "/tmp/l"]]
+
+
+@st.composite
+def wrapped_lines(draw: st.DrawFn) -> tuple[list[str], list[int]]:
+    """(argv, indexes of its programs): wrappers nested 0-3 deep around an interpreter line,
+    or around a command given as a path; the programs are the paths each wrapper runs, and
+    the script."""
+    argv: list[str] = []
+    programs: list[int] = []
+    for _ in range(draw(st.integers(0, 3))):
+        wrapper = draw(st.sampled_from(sorted(WRAPPERS)))
+        if "/" in wrapper:
+            programs.append(len(argv))
+        argv += [wrapper, *draw(st.sampled_from(WRAPPERS[wrapper]))]
+    if draw(st.booleans()):
+        line, script = draw(interpreter_lines())
+        if "/" in line[0]:
+            programs.append(len(argv))
+        if script is not None:
+            programs.append(len(argv) + script)
+        return argv + line, programs
+    programs.append(len(argv))
+    return [*argv, draw(st.sampled_from(["./deploy", "bin/x", "/usr/bin/make"])), "a"], programs
+
+
 @settings(max_examples=300, deadline=None)
 @given(interpreter_lines())
 def test_the_script_an_interpreter_is_given_is_found_and_nothing_else(
@@ -158,6 +196,24 @@ def test_the_script_an_interpreter_is_given_is_found_and_nothing_else(
     found = program_entries(argv)
     expected = ([0] if "/" in argv[0] else []) + ([script] if script is not None else [])
     assert list(found) == expected, shlex.join(argv)
+
+
+@settings(max_examples=400, deadline=None)
+@given(wrapped_lines())
+def test_behind_any_chain_of_wrappers_the_programs_are_found_and_nothing_else(
+    line: tuple[list[str], list[int]],
+) -> None:
+    argv, programs = line
+    assert list(program_entries(argv)) == programs, shlex.join(argv)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(OPAQUE), interpreter_lines())
+def test_after_a_wrapper_that_hides_its_command_nothing_is_a_program(
+    opaque: list[str], line: tuple[list[str], int | None]
+) -> None:
+    argv = [*opaque, *line[0]]
+    assert program_entries(argv) == (), shlex.join(argv)
 
 
 @settings(max_examples=200, deadline=None)
