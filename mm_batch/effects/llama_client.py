@@ -35,7 +35,14 @@ from mm_batch.effects.model_calls import (
 )
 from mm_batch.plan import DEFAULT_MODEL_TIMEOUT_S
 from mm_batch.run.ports import ModelError, ModelReply
-from mm_batch.tools.call_grammar import LEVELS, Level, call_grammar, tool_shapes
+from mm_batch.tools.call_grammar import (
+    CALL_END,
+    LEVELS,
+    Level,
+    call_grammar,
+    forced_rest,
+    tool_shapes,
+)
 
 # Far above any completion (a 1 MiB answer is cut in the records anyway): a bigger body is not
 # read into memory, it is a malformed reply.
@@ -173,9 +180,9 @@ _NATIVE_FINISH = {"limit": "length"}
 _NATIVE_NAMES = {"max_tokens": "n_predict", "max_completion_tokens": "n_predict"}
 
 
-# The model option that binds a local model's calls by a grammar (`call_grammar: types`, or
-# true for `DEFAULT_LEVEL`); off unless set (docs/design-choices.md says why). Read here, never
-# sent.
+# The model option that binds a local model's calls by a grammar: a level, true for
+# `DEFAULT_LEVEL`, false, or `auto` (the default): `DEFAULT_LEVEL` unless the agent offers the
+# `bash` built-in (docs/design-choices.md says why). Read here, never sent.
 GRAMMAR_OPTION = "call_grammar"
 DEFAULT_LEVEL: Level = "types"
 
@@ -197,20 +204,24 @@ def grammar_of(
     *,
     rescue: bool,
     also: Sequence[str] = (),
+    shell: bool = False,
 ) -> CallGrammar | None:
-    """The grammar a local model's options ask for (true: `DEFAULT_LEVEL`); None when they ask
-    for none, or when calls written as text are not rescued (`rescue`): the grammar's calls are
-    text, and the chat endpoint's native calls are the only ones then. Raises `ModelError` for
-    a value that is no level."""
-    value = options.get(GRAMMAR_OPTION, False)
+    """The grammar a local model's options ask for (true: `DEFAULT_LEVEL`; `auto`, the
+    default: `DEFAULT_LEVEL` unless the agent offers the `bash` built-in, `shell`); None when
+    they ask for none, or when calls written as text are not rescued (`rescue`): the
+    grammar's calls are text, and the chat endpoint's native calls are the only ones then.
+    Raises `ModelError` for a value that is no level."""
+    value = options.get(GRAMMAR_OPTION, "auto")
+    if value == "auto":
+        value = False if shell else DEFAULT_LEVEL
     value = DEFAULT_LEVEL if value in (True, "true", "on") else value
     if value in (False, "off", "false"):
         return None
     level = next((level for level in LEVELS if level == value), None)
     if level is None:
         raise ModelError(
-            f"model option {GRAMMAR_OPTION} must be true, false or one of {', '.join(LEVELS)}, "
-            f"got {str(value)[:40]!r}"
+            f"model option {GRAMMAR_OPTION} must be auto, true, false or one of "
+            f"{', '.join(LEVELS)}, got {str(value)[:40]!r}"
         )
     return CallGrammar(level, tuple(declared), tuple(also)) if rescue else None
 
@@ -250,6 +261,40 @@ def chat_completion_of(native: object) -> object:
         "finish_reason": _NATIVE_FINISH.get(stop or "", "stop"),
     }
     return {"object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def _stops(given: object) -> list[object]:
+    """The stop strings a model's options give (one string, or a list)."""
+    if given is None:
+        return []
+    return list(given) if isinstance(given, list | tuple) else [given]
+
+
+def _call_ended(native: object) -> object | None:
+    """A completion cut where it wrote `CALL_END`, as the whole call it is (what the grammar
+    forces after it added); None when what it wrote is no whole call."""
+    content = field(native, "content")
+    if (
+        not isinstance(native, dict)
+        or not isinstance(content, str)
+        or native.get("stop_type") != "word"
+        or native.get("stopping_word") != CALL_END
+    ):
+        return native  # not cut by the call's end: as it came
+    text = content + CALL_END
+    rest = forced_rest(text)
+    if rest is None:
+        return None
+    return {**native, "content": text + rest, "stop_type": "eos", "stopping_word": ""}
+
+
+def _spent_too(native: object, cut: object) -> object:
+    """A completion asked again, counting the tokens the first ask generated too."""
+    spent = field(cut, "tokens_predicted")
+    again = field(native, "tokens_predicted")
+    if isinstance(native, dict) and isinstance(spent, int) and isinstance(again, int):
+        return {**native, "tokens_predicted": spent + again}
+    return native
 
 
 class LlamaClient:
@@ -315,7 +360,14 @@ class LlamaClient:
             if not isinstance(prompt, str):
                 raise MalformedReplyError("a rendered prompt without its text")
             body = native_body(prompt, tools, grammar, self.options)
-            return post_json(self.completion_url, json.dumps(body).encode(), call_timeout)
+            early = {**body, "stop": [*_stops(body.get("stop")), CALL_END]}
+            cut = post_json(self.completion_url, json.dumps(early).encode(), call_timeout)
+            whole = _call_ended(cut)
+            if whole is not None:
+                return whole
+            # A `}}` that ended no call (inside a string, in an answer): asked again, whole.
+            native = post_json(self.completion_url, json.dumps(body).encode(), call_timeout)
+            return _spent_too(native, cut)
 
         response, attempt = ask(
             send,

@@ -131,6 +131,7 @@ class LocalServers:
                 rescue=spec.settings.recover_text_tool_calls,
                 # A skill's name written as a call is taken too (`Toolbox.text_call_names`).
                 also=[s.name for s in agent.skills] if "read_skill" in agent.builtins else [],
+                shell="bash" in agent.builtins,
             ),
         )
         return LocalClient(client, server, self.turns, options)

@@ -15,10 +15,11 @@ only keeps the decoder from writing what cannot be a call, and it binds as much 
 - `required`: and every required parameter is there;
 - `enum`: and a parameter with allowed values holds one of them.
 
-A plain answer may be anything but the beginning of a call (`{"name"`, bare or fenced) and may
-not start with `<` or white space: a JSON answer of other keys or a ```bash block is never bound
-to become a call. The grammar is a small tree (`Node`) rendered as GBNF, so that tests can walk
-the same tree for what it admits.
+A plain answer may be anything but the beginning of a call of a declared name, up to its
+arguments (`{"name": "release", "arguments": `, bare or fenced), and may not start with `<` or
+white space: a JSON answer of other keys, or whose "name" is no tool's, or a ```bash block is
+never bound to become a call. The grammar is a small tree (`Node`) rendered as GBNF, so that
+tests can walk the same tree for what it admits.
 """
 
 from __future__ import annotations
@@ -201,33 +202,38 @@ def _gbnf_char(char: str) -> str:
     return {"\n": "\\n", '"': '\\"', "`": "`", "\\": "\\\\", "]": "\\]", "^": "\\^"}.get(char, char)
 
 
-def _leaving(opening: str, at: int) -> Node:
-    """What may follow an answer's first `at` characters, which are `opening`'s: nothing, or a
-    character that leaves the opening and then anything, or the opening's next character and
-    on. White space leaves it only inside a key or a fence's opening backquotes: after `{`,
-    after the fence's line or where its language begins, a call written over several lines (the
-    models' own habit) would leave the grammar's binding by it."""
-    expected = opening[at]
-    binding = opening[at - 1] in "{\n" or opening[:at] == "```"
-    excluded = _gbnf_char(expected) + ("\\x00-\\x20" if binding else "\\x00")
-    sample = "ab1}[é" if binding else "ab1}[é \n"
-    away = Seq((Chars(f"[^{excluded}]", sample.replace(expected, "")), _REST))
-    if at + 1 == len(opening):
-        return Repeat(away, 0, 1)
-    return Repeat(Alt((away, Seq((Lit(expected), _leaving(opening, at + 1))))), 0, 1)
+def _head(name: str) -> str:
+    """How a call of `name` begins, up to its arguments."""
+    return '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
 
 
-# A plain answer: anything but the beginning of a call (`CALL_OPENINGS`). It may begin with `{`
-# or a backquote (a JSON object of other keys, a ```bash block), never with `<` (the <tool_call>
-# tags the rescue reads as a call), white space or a control character; a JSON object it begins
-# with opens `{"` (as `json.dumps` writes it). A JSON answer whose first key is "name" is a
-# call: the one answer the grammar binds to become one.
-_ANSWER = Alt(
-    (
-        Seq((Chars("[^{`<\\x00-\\x20]", "TLJ1é.!"), _REST)),
-        *(Seq((Lit(opening[0]), _leaving(opening, 1))) for opening in CALL_OPENINGS),
-    )
-)
+def _call_openings(names: Iterable[str]) -> frozenset[str]:
+    """How a call of each name begins, up to its arguments: bare and in the fence."""
+    heads = [_head(name) for name in names]
+    return frozenset([*heads, *(FENCE_OPEN + head for head in heads)])
+
+
+def _answer(openings: frozenset[str], prefix: str = "") -> Node:
+    """A plain answer from `prefix` on (`prefix`: the start of some opening, none whole):
+    anything but the beginning of a call (`openings`, a declared name's, up to its arguments).
+    So a JSON object of other keys, one whose "name" is no tool's (`{"name": "billing", ...}`)
+    or whose second key is not "arguments", a ```bash block, inline code or prose stays an
+    answer; the one answer the grammar binds to become a call is one that has written a whole
+    opening. An answer never begins with `<` (the <tool_call> tags the rescue reads as a
+    call), white space or a control character. White space leaves an opening only where JSON
+    would not skip it (inside a string, a fence's opening backquotes): after `{`, `:`, `,`, a
+    space or the fence's line, a call written over several lines (the models' own habit)
+    would leave the grammar's binding by it."""
+    nexts = sorted({o[len(prefix)] for o in openings if o.startswith(prefix)})
+    binding = prefix[-1:] in ("", "{", ":", ",", " ", "\n") or prefix == "```"
+    excluded = "".join(_gbnf_char(c) for c in nexts) + ("<" if not prefix else "")
+    excluded += "\\x00-\\x20" if binding else "\\x00"
+    sample = "".join(c for c in ("ab1}[é" if binding else "ab1}[é \n") if c not in nexts)
+    options: list[Node] = [Seq((Chars(f"[^{excluded}]", sample), _REST))]
+    for char in nexts:
+        if prefix + char not in openings:
+            options.append(Seq((Lit(char), _answer(openings, prefix + char))))
+    return Alt(tuple(options)) if not prefix else Repeat(Alt(tuple(options)), 0, 1)
 
 
 def _value_node(param: ParamShape, level: Level) -> Node:
@@ -274,7 +280,7 @@ def call_grammar(tools: Sequence[ToolShape], level: Level, also: Sequence[str] =
     names = {tool.name for tool in tools}
     others = [ToolShape(name, ()) for name in dict.fromkeys(also) if name not in names]
     for t, tool in enumerate([*tools, *others]):
-        head = Lit('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
+        head = Lit(_head(tool.name))
         if level == "names" or t >= len(tools):
             arguments: Node = Ref("object")
         elif not tool.params:
@@ -287,14 +293,15 @@ def call_grammar(tools: Sequence[ToolShape], level: Level, also: Sequence[str] =
             arguments = Seq((Lit("{"), Repeat(first, 0, 1) if empty_ok else first, Lit("}")))
         rules[f"call-{t}"] = Seq((head, arguments, Lit("}")))
         calls.append(Ref(f"call-{t}"))
+    answer = _answer(_call_openings([*names, *(other.name for other in others)]))
     if not calls:
-        return Grammar({"root": Ref("answer"), "answer": _ANSWER, **_JSON_RULES})
+        return Grammar({"root": Ref("answer"), "answer": answer, **_JSON_RULES})
     # The fence the models open most calls with stays theirs to write (barred, the 1.5B wrote
     # prose instead of some calls); inside it, the call is one line all the same.
     fenced = Seq((Lit(FENCE_OPEN), Ref("call"), Lit(FENCE_CLOSE)))
     root = Alt((Ref("call"), fenced, Ref("answer")))
     return Grammar(
-        {"root": root, "call": Alt(tuple(calls)), "answer": _ANSWER, **rules, **_JSON_RULES}
+        {"root": root, "call": Alt(tuple(calls)), "answer": answer, **rules, **_JSON_RULES}
     )
 
 
@@ -338,3 +345,28 @@ def tool_shapes(
             params.append(ParamShape(pname, _schema_type(pschema), is_required, enum))
         shapes.append(ToolShape(name, tuple(params)))
     return shapes
+
+
+# -- where a call ends -------------------------------------------------------------------------
+
+# Every call the grammar admits ends its arguments and itself with `}}`: the server is asked to
+# stop there, so that the decoder does not spend a step on each token the grammar forces after
+# it (the fence's close, the end of the turn).
+CALL_END = "}}"
+
+
+def forced_rest(text: str) -> str | None:
+    """What the grammar forces after `text` (a turn cut where it wrote `CALL_END`, that string
+    included) when `text` is a whole call: nothing, or the fence's close. None when it is no
+    whole call: a `}}` inside a string, or an answer."""
+    fenced = text.startswith(FENCE_OPEN)
+    line = text.removeprefix(FENCE_OPEN)
+    if not line.startswith(CALL_OPENINGS[0]) or not line.endswith(CALL_END):
+        return None
+    try:
+        call = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("arguments"), dict):
+        return None
+    return FENCE_CLOSE if fenced else ""

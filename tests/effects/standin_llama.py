@@ -12,7 +12,8 @@ waits until it is done).
 Besides the chat endpoint (`/v1/chat/completions`) it answers the native ones: `/apply-template`
 renders `TEMPLATE(<messages and tools as JSON>)` as the prompt, and `/completion` answers as the
 chat endpoint does, in the native shape; each request's path and body is appended as a JSON line
-to $LLAMA_STANDIN_DIR/requests.jsonl.
+to $LLAMA_STANDIN_DIR/requests.jsonl; a completion's `stop` strings cut its text as
+llama-server cuts it.
 Slots are saved (`/slots/N?action=save`) as a JSON file of
 the port and the completions answered so far, and restored from such a file only (anything
 else is refused, as llama-server refuses a state it cannot load, and all of it without
@@ -37,6 +38,17 @@ LATENCY_S = float(os.environ.get("LLAMA_STANDIN_LATENCY_S", "0"))
 PARALLEL = int(ARGV[ARGV.index("--parallel") + 1])
 TEXTS = json.loads(os.environ.get("LLAMA_STANDIN_TEXTS", "[]"))
 SLOTS = Path(ARGV[ARGV.index("--slot-save-path") + 1]) if "--slot-save-path" in ARGV else None
+
+
+def _native(text: str, stops: list[str]) -> dict[str, Any]:
+    """A native completion of `text`, cut where it first writes one of `stops` as
+    llama-server cuts it: the stop string left out, and named."""
+    reply: dict[str, Any] = {"stop_type": "eos", "tokens_evaluated": 10, "tokens_predicted": 1}
+    found = [(text.find(stop), stop) for stop in stops if stop in text]
+    if not found:
+        return {**reply, "content": text, "stopping_word": ""}
+    at, stop = min(found)
+    return {**reply, "content": text[:at], "stop_type": "word", "stopping_word": stop}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -71,9 +83,7 @@ class Handler(BaseHTTPRequestHandler):
         text = TEXTS[Handler.answered] if Handler.answered < len(TEXTS) else "done"
         Handler.answered += 1
         if self.path == "/completion":
-            self._send(
-                {"content": text, "stop_type": "eos", "tokens_evaluated": 10, "tokens_predicted": 1}
-            )
+            self._send(_native(text, body.get("stop") or []))
             return
         message = {"role": "assistant", "content": text}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}

@@ -34,11 +34,13 @@ tools:
 """
 
 
-def _run(tmp_path: Path, *args: str, agent: str = AGENT) -> subprocess.CompletedProcess[str]:
-    """The CLI on a one-task suite, its local model served by the stand-in, which writes the
-    call first, then "done"."""
+def _run(
+    tmp_path: Path, *args: str, agent: str = AGENT, texts: tuple[str, ...] = (CALL,)
+) -> subprocess.CompletedProcess[str]:
+    """The CLI on a one-task suite, its local model served by the stand-in, which writes
+    `texts` (the call), then "done"."""
     env = {**os.environ, **standin_llama(tmp_path, SMALL), "PYTHONPATH": str(ROOT)}
-    env["LLAMA_STANDIN_TEXTS"] = json.dumps([CALL])
+    env["LLAMA_STANDIN_TEXTS"] = json.dumps(list(texts))
     suite = tmp_path / "suite"
     write(suite, "agent.yaml", agent)
     skill = "---\nname: greeting\ndescription: How to greet.\n---\nRun ./greet.sh NAME.\n"
@@ -81,6 +83,9 @@ def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
     assert completion["prompt"] == f"TEMPLATE({json.dumps(rendering, sort_keys=True)})"
     assert "tools" not in completion and "messages" not in completion
     assert completion["n_predict"] == MAX_TOKENS and completion["temperature"] == 0
+    # Stopped where the call ends: the fence's close and the end of the turn are the
+    # grammar's, never the decoder's; the text comes back whole.
+    assert completion["stop"] == ["}}"]
     grammar = completion["grammar"]
     assert 'call-0 ::= "{\\"name\\": \\"greet\\", \\"arguments\\": "' in grammar
     assert '"\\"who\\": " string' in grammar and '"\\"loud\\": " boolean' in grammar
@@ -97,16 +102,33 @@ def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
     assert (tool["tool"], tool["outcome"], tool["recovered_from_text"]) == ("greet", "ran", True)
 
 
-@pytest.mark.parametrize("options", [[], ["--model-option", "call_grammar=off"]])
+def test_by_default_a_turn_with_tools_is_bound_by_the_grammar(tmp_path: Path) -> None:
+    """`auto`, the default, binds an agent's calls unless it offers `bash` (below)."""
+    done = _run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    paths = [r["path"] for r in _requests(tmp_path)]
+    assert paths == ["/apply-template", "/completion"] * 2
+    assert (tmp_path / "greeted").read_text() == "ada\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "agent"),
+    [
+        ([], f"{AGENT}builtins: [bash]\n"),
+        (["--model-option", "call_grammar=auto"], f"{AGENT}builtins: [bash]\n"),
+        (["--model-option", "call_grammar=off"], AGENT),
+    ],
+)
 def test_without_call_grammar_the_chat_endpoint_is_asked_with_the_tools(
-    tmp_path: Path, options: list[str]
+    tmp_path: Path, options: list[str], agent: str
 ) -> None:
-    """Off by default (it cost the seed experiment's skill column 5 of 30 runs)."""
-    done = _run(tmp_path, *options)
+    """Off where the agent offers `bash` (a one-line call cost the seed experiment's skill +
+    `bash` column 5 of 30 runs), or when asked."""
+    done = _run(tmp_path, *options, agent=agent)
     assert done.returncode == 0, done.stderr
     requests = _requests(tmp_path)
     assert [r["path"] for r in requests] == ["/v1/chat/completions"] * 2
-    assert [t["function"]["name"] for t in requests[0]["body"]["tools"]] == ["greet"]
+    assert requests[0]["body"]["tools"][0]["function"]["name"] == "greet"
     assert "call_grammar" not in requests[0]["body"] and "grammar" not in requests[0]["body"]
     assert (tmp_path / "greeted").read_text() == "ada\n"
 
@@ -132,7 +154,7 @@ def test_a_call_grammar_that_is_no_level_is_said(tmp_path: Path) -> None:
     [task] = [r for r in records if r["kind"] == "task"]
     assert task["status"] == "error"
     assert (
-        "call_grammar must be true, false or one of names, types, required, enum"
+        "call_grammar must be auto, true, false or one of names, types, required, enum"
         in (task["reason"])
     ), done.stderr
 
@@ -146,3 +168,41 @@ def test_a_skills_name_is_a_call_the_grammar_admits(tmp_path: Path) -> None:
     grammar = _requests(tmp_path)[1]["body"]["grammar"]
     for name in ("greet", "bash", "read_skill", "greeting"):
         assert f'"{{\\"name\\": \\"{name}\\", \\"arguments\\": "' in grammar, name
+
+
+VALUE_CALL = '{"name": "greet", "arguments": {"who": "a}}b"}}'
+
+
+@pytest.mark.parametrize(
+    ("first", "recorded"),
+    [
+        # a `}}` inside a value: the cut text is no whole call
+        (VALUE_CALL, VALUE_CALL),
+        (f"```json\n{VALUE_CALL}\n```", f"```json\n{VALUE_CALL}\n```"),
+        # an answer that writes `}}`: never taken for the end of a call
+        ("Use {{who}} in the template.", "Use {{who}} in the template."),
+    ],
+)
+def test_a_turn_cut_where_no_call_ended_is_asked_again_whole(
+    tmp_path: Path, first: str, recorded: str
+) -> None:
+    """The stand-in writes the same text twice: cut at its first `}}`, then whole when asked
+    again without that stop; what the model wrote is recorded (and run) as written, its
+    tokens counted for both asks."""
+    done = _run(tmp_path, "--model-option", "call_grammar=types", texts=(first, first))
+    assert done.returncode in (0, 1), done.stderr
+    completions = [r["body"] for r in _requests(tmp_path) if r["path"] == "/completion"]
+    assert [c.get("stop") for c in completions[:2]] == [["}}"], None]
+    assert completions[0]["prompt"] == completions[1]["prompt"]
+    model = [r for r in read_calls(tmp_path / "out") if r["kind"] == "model"]
+    assert (model[0]["content"], model[0]["completion_tokens"]) == (recorded, 2)
+    if first.startswith("Use"):
+        assert len(model) == 1 and not (tmp_path / "greeted").exists()
+    else:
+        assert (tmp_path / "greeted").read_text() == "a}}b\n"
+
+
+def test_a_users_stop_strings_are_kept_beside_the_calls_end(tmp_path: Path) -> None:
+    _run(tmp_path, "--model-option", "call_grammar=types", "--model-option", "stop=END")
+    completion = next(r["body"] for r in _requests(tmp_path) if r["path"] == "/completion")
+    assert completion["stop"] == ["END", "}}"]

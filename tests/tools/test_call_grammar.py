@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mm_batch.config.model import ParamSpec, ToolSpec, Value
 from mm_batch.effects.gguf import source_build
 from mm_batch.jsontypes import JsonObject
 from mm_batch.tools.call_grammar import (
+    CALL_END,
     CALL_OPENINGS,
     FENCE_CLOSE,
     FENCE_OPEN,
@@ -36,6 +37,7 @@ from mm_batch.tools.call_grammar import (
     Seq,
     ToolShape,
     call_grammar,
+    forced_rest,
     tool_shapes,
 )
 from mm_batch.tools.schema import model_schema
@@ -176,6 +178,29 @@ def test_every_declared_tool_and_skill_can_be_called(
         check_admitted(text, tools, level, also)
 
 
+@EXAMPLES
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), also=SKILLS, data=st.data())
+def test_a_turn_cut_where_it_first_writes_a_call_end_is_rebuilt_as_written_or_asked_again(
+    tools: list[ToolShape], level: Level, also: list[str], data: st.DataObject
+) -> None:
+    """The server stops a bound turn where it writes `}}` (CALL_END): what the grammar forces
+    after a whole call is added back, exactly as the model would have written it; a `}}` that
+    ended no call (in a string, in an answer) is never taken for one."""
+    grammar = call_grammar(tools, level, also)
+    text = walk(data, grammar, grammar.rules["root"])
+    at = text.find(CALL_END)
+    if at < 0:
+        return  # the server is never stopped: the turn comes as written
+    head = text[: at + len(CALL_END)]
+    rest = forced_rest(head)
+    if rest is not None:
+        assert head + rest == text
+    event(f"rebuilt {rest is not None}")
+    call = text.removesuffix(FENCE_CLOSE) if text.startswith(FENCE_OPEN) else text
+    if text.startswith(CALL_OPENINGS) and len(head) == len(call):
+        assert rest is not None, text  # the call's own end: rebuilt, never asked again
+
+
 def ends(grammar: Grammar, node: Node, text: str, at: int) -> set[int]:
     """Where a match of `node` in `text` from `at` may end: the tree read as a recogniser."""
     if isinstance(node, Lit):
@@ -240,17 +265,36 @@ ANSWERS = st.one_of(
 ).filter(lambda t: t[:1] not in ("", "<") and t[0] > " ")  # no space or control first
 
 
+@st.composite
+def answers(draw: st.DrawFn, tools: list[ToolShape]) -> str:
+    """What a model may want to answer, JSON objects among them whose first key is "name":
+    a tool's name or another, then any keys ("arguments" among them)."""
+    names = st.sampled_from([t.name for t in tools]) if tools else _TEXT
+    name = draw(st.one_of(names, _TEXT))
+    keys = st.one_of(st.just("arguments"), st.just("parameters"), _TEXT)
+    rest = draw(st.dictionaries(keys, _JSON, max_size=2))
+    named = json.dumps({"name": name, **rest}, ensure_ascii=False)
+    return draw(st.one_of(ANSWERS, st.just(named), st.just(f"{FENCE_OPEN}{named}")))
+
+
 @EXAMPLES
-@given(tools=TOOLS, level=st.sampled_from(LEVELS), answer=ANSWERS)
+@given(tools=TOOLS, level=st.sampled_from(LEVELS), data=st.data())
 def test_an_answer_is_never_bound_to_become_a_call(
-    tools: list[ToolShape], level: Level, answer: str
+    tools: list[ToolShape], level: Level, data: st.DataObject
 ) -> None:
     """Whatever the model begins to answer, the grammar lets it finish as an answer, unless
-    it begins as a call does: `{"name"`, bare or in a ```json fence (CALL_OPENINGS). A JSON
-    object of other keys or a ```bash block is never turned into a call of a declared tool."""
+    it begins as a call of a declared tool does, up to its arguments (bare or in a ```json
+    fence). A JSON object of other keys, one whose "name" is no tool's or whose next key is
+    not "arguments", or a ```bash block is never turned into a call of a declared tool."""
+    answer = data.draw(answers(tools))
     grammar = call_grammar(tools, level)
     admitted = len(answer) in ends(grammar, grammar.rules["answer"], answer, 0)
-    assert admitted != answer.startswith(CALL_OPENINGS), answer
+    heads = [
+        '{"name": ' + json.dumps(t.name, ensure_ascii=False) + ', "arguments": ' for t in tools
+    ]
+    bound = answer.startswith((*heads, *(FENCE_OPEN + head for head in heads)))
+    event(f"bound {bound}")
+    assert admitted != bound, answer
 
 
 def test_the_shapes_take_required_and_enum_from_the_declared_tools_not_the_schema() -> None:
@@ -310,16 +354,20 @@ def _validator() -> Path | None:
 def test_llama_cpp_reads_the_gbnf_as_the_tree(
     tools: list[ToolShape], level: Level, data: st.DataObject, tmp_path_factory: Any
 ) -> None:
-    """What the tree admits, llama.cpp's grammar admits; and it refuses a call of a tool that
-    was not declared."""
+    """llama.cpp's grammar admits what the tree admits and refuses what it refuses: a text
+    the tree writes, an answer a model may want to write (JSON whose "name" is a tool's or
+    not), and a call of a declared tool with a parameter it does not have."""
     validator = _validator()
     assert validator is not None, "MM_BATCH_REQUIRE_SOURCE_BUILD=1: the validator must be there"
     grammar = call_grammar(tools, level, ["a-skill"])
     folder = tmp_path_factory.mktemp("gbnf")
     (folder / "grammar.gbnf").write_text(grammar.gbnf())
-    admitted = walk(data, grammar, grammar.rules["root"])
-    undeclared = '{"name": "' + "x" * 12 + '", "arguments": {}}'
-    for text, valid in ((admitted, True), (undeclared, False)):
+    written = walk(data, grammar, grammar.rules["root"])
+    answer = data.draw(answers(tools))
+    name = tools[0].name if tools else "a-skill"
+    extra = '{"name": ' + json.dumps(name) + ', "arguments": {"zz-undeclared": 1}}'
+    for text in (written, answer, extra):
+        valid = len(text) in ends(grammar, grammar.rules["root"], text, 0)
         (folder / "input.txt").write_text(text)
         done = subprocess.run(
             [str(validator), str(folder / "grammar.gbnf"), str(folder / "input.txt")],
