@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import secrets
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -180,3 +181,56 @@ def program_problem(directory: Path, program: str) -> str | None:
     except NotRegularFileError as exc:
         return f"the program {shown} is {exc}"
     return None
+
+
+# What `link_state` says of something that is there and is no link: no link's target holds NUL.
+NOT_A_LINK = "\x00"
+
+
+def link_state(path: Path) -> str | None:
+    """What a path names, as mm-batch compares it over a run without reading a file: a link's
+    target, `NOT_A_LINK` for anything else that is there, None for nothing."""
+    try:
+        return os.readlink(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return NOT_A_LINK if os.path.lexists(path) else None
+
+
+# Sealed copies: what no process can change, not even one of the user who made them.
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+_SEALED_PREFIX = "/dev/fd/"
+_sealed: set[int] = set()
+
+
+def sealed_copy(content: bytes, name: str) -> str:
+    """A copy of `content` that nothing can write, grow or shrink once made (a sealed memfd),
+    as the path a command started by this process opens it by (`/dev/fd/N`: `sealed_fds`
+    says which descriptors to pass it). A copy in a private folder is still a file that any
+    process of its owner can rewrite, and on the host commands run as that owner."""
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except OSError:
+        os.close(fd)
+        raise
+    _sealed.add(fd)
+    return f"{_SEALED_PREFIX}{fd}"
+
+
+def sealed_fds(argv: Iterable[str]) -> tuple[int, ...]:
+    """The descriptors of the sealed copies `argv` names, for its process to be given."""
+    named = (entry.removeprefix(_SEALED_PREFIX) for entry in argv)
+    return tuple(sorted({int(n) for n in named if n.isdigit() and int(n) in _sealed}))
+
+
+def drop_sealed(path: str) -> None:
+    """Close a sealed copy made by `sealed_copy`."""
+    fd = int(path.removeprefix(_SEALED_PREFIX))
+    if fd in _sealed:
+        _sealed.discard(fd)
+        os.close(fd)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -16,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mm_batch.config.paths import drop_sealed, link_state, sealed_copy, sealed_fds
 from mm_batch.effects.environment import host_environment, service_environment
 from mm_batch.effects.watchdog import Watchdog, current_watchdog
-from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram
+from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram, UnreadProgram
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
@@ -74,48 +74,28 @@ class HostExecutor:
     def __init__(self, log_limit: int = LOG_LIMIT) -> None:
         hide_own_process()
         self.log_limit = log_limit
-        self._protected: Path | None = None
-        self._program_copies: dict[tuple[Path, bytes], str] = {}
+        self._copies: dict[tuple[Path, bytes], str] = {}  # sealed: `paths.sealed_copy`
 
     def close(self) -> None:
-        if self._protected is not None:
-            shutil.rmtree(self._protected, ignore_errors=True)
-            self._protected = None
+        for copy in self._copies.values():
+            drop_sealed(copy)
+        self._copies.clear()
 
-    def _private(self) -> Path:
-        if self._protected is None:
-            self._protected = Path(tempfile.mkdtemp(prefix="mm-batch-pristine-"))
-        return self._protected
+    def _copy(self, path: Path, content: bytes) -> str:
+        """A sealed copy of a file as read at start (the host is no sandbox: a private folder
+        would still be open to every command, all running as the same user)."""
+        key = (path, content)
+        if key not in self._copies:
+            self._copies[key] = sealed_copy(content, path.name)
+        return self._copies[key]
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
-        """Copies in a private folder of this executor's (the host is no sandbox: a command that
-        hunts for them could still change them, but nothing in the agent's folder can). An
-        original that still holds the bytes read at start runs in place, its own folder's
-        modules and files at hand, as a tool's program does (see `_pinned`)."""
-        self._protected = self._private()
-        paths: dict[Path, str] = {}
-        for i, (original, content) in enumerate(files.items()):
-            if _holds(original, content):
-                paths[original] = str(original)
-                continue
-            copy = self._protected / f"{i}-{original.name}"
-            copy.write_bytes(content)
-            copy.chmod(0o500)
-            paths[original] = str(copy)
-        return paths
-
-    def _program_copy(self, program: PinnedProgram) -> str:
-        """The private copy of a program as read at start, under its own name (`$0` and
-        `__file__` keep their last part)."""
-        key = (program.path, program.content)
-        if key not in self._program_copies:
-            folder = self._private() / f"program-{len(self._program_copies)}"
-            folder.mkdir(mode=0o700)
-            copy = folder / program.path.name
-            copy.write_bytes(program.content)
-            copy.chmod(0o500)
-            self._program_copies[key] = str(copy)
-        return self._program_copies[key]
+        """Sealed copies. An original that still holds the bytes read at start runs in place,
+        its own folder's modules and files at hand, as a tool's program does (see `_pinned`)."""
+        return {
+            original: str(original) if _holds(original, content) else self._copy(original, content)
+            for original, content in files.items()
+        }
 
     def _pinned(
         self, argv: Sequence[str], workdir: Path, programs: Sequence[PinnedProgram]
@@ -125,8 +105,14 @@ class HostExecutor:
         pinned = list(argv)
         for program in programs:
             if not _holds(workdir / program.entry, program.content):
-                pinned[program.index] = self._program_copy(program)
+                pinned[program.index] = self._copy(program.path, program.content)
         return pinned
+
+    def changed(
+        self, workdir: Path, unread: Sequence[UnreadProgram], *, check: bool = False
+    ) -> UnreadProgram | None:
+        """The host's files are the agent's folder itself: looked at in place."""
+        return next((p for p in unread if link_state(workdir / p.entry) != p.link), None)
 
     def execute_check(
         self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None
@@ -168,6 +154,7 @@ class HostExecutor:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=sealed_fds(argv),
             )
         except OSError as exc:
             # Nothing ran: the only case that is an error with `started=False`.

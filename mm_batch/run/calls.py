@@ -251,9 +251,12 @@ class CallHandler:
         # Programs of the agent's folder run as they were read at start (SPEC 3).
         context = self.context
         try:
-            programs = context.pristine.programs(
+            programs, unread = context.pristine.programs(
                 prepared.workdir, prepared.argv, self.agent.directory
             )
+            moved = context.executor.changed(prepared.workdir, unread) if unread else None
+            if moved is not None:
+                raise MissingAtStartError(moved.refusal())
         except MissingAtStartError as exc:
             refusal = f"not run: {exc} (a command may have written it since)"
             return _Ran("error", refusal, refusal, started=False)

@@ -61,6 +61,22 @@ class PinnedProgram:
     content: bytes
 
 
+@dataclass(frozen=True)
+class UnreadProgram:
+    """A program of a call's argv (or a check's) that names a path in the agent's folder where
+    mm-batch read no file at start: what was there then, which must still be there when the
+    call runs: the same link (`link`, its target: a link out of the folder) or nothing (None:
+    a program a command may have written since is never run)."""
+
+    entry: str  # as written, relative to the call's workdir
+    link: str | None
+
+    def refusal(self) -> str:
+        if self.link is None:
+            return f"{self.entry} was not a file of the agent's folder when the run started"
+        return f"{self.entry} is no longer the link it was when the run started"
+
+
 class SandboxError(Exception):
     """The sandbox cannot be used: engine down, image missing, container gone."""
 
@@ -83,6 +99,13 @@ class Executor(Protocol):
     ) -> ExecResult:
         """Run a tool's argv; each of `programs` runs as it was read at start: in place while
         its file still holds that, else from a copy no command of the run can change."""
+        ...
+
+    def changed(
+        self, workdir: Path, unread: Sequence[UnreadProgram], *, check: bool = False
+    ) -> UnreadProgram | None:
+        """The first of `unread` that is no longer what it was at start where this executor
+        runs commands, as a tool (or, with `check`, a check) sees it; None when none is."""
         ...
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:

@@ -1,10 +1,13 @@
 """Files read once at start, so that nothing a command does during the run changes what runs.
 
-Every hook argv entry and every `check` argv entry that names a file under its agent file's
-folder is read when the run starts. Hooks run on the host from private copies; a check's files
-are handed to the executor, which places copies where the sandboxed commands cannot change them.
-So is every declared tool's program (argv[0], and the script an interpreter is given:
-`python3 deploy.py`, `sh release.sh`): the executor runs what was read at start.
+Every hook argv entry and every `check` program that names a file under its agent file's folder
+is read when the run starts. Hooks run on the host from sealed copies; a check's files are
+handed to the executor, which places copies where the sandboxed commands cannot change them.
+So is every declared tool's program (argv[0], the command a wrapper runs, and the script an
+interpreter is given: `python3 deploy.py`, `env sh release.sh`): the executor runs what was read
+at start. A program that names a path of the folder where no file was read at start (nothing,
+or a link out of the folder) runs only while that is still so where it runs: a program a
+command wrote since is never run.
 
 What an entry names is decided once, at start, keyed by the entry as written: nothing is looked
 up again later, so a file swapped for a symlink (or created) during the run is never what runs.
@@ -12,52 +15,98 @@ up again later, so a file swapped for a symlink (or created) during the run is n
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from mm_batch.config.model import TaskSpec
-from mm_batch.config.paths import read_regular
-from mm_batch.run.ports import PinnedProgram
+from mm_batch.config.paths import (
+    NOT_A_LINK,
+    drop_sealed,
+    link_state,
+    read_regular,
+    sealed_copy,
+)
+from mm_batch.run.ports import PinnedProgram, UnreadProgram
 
 MAX_PRISTINE_BYTES = 64 * 1024 * 1024  # a hook or check file larger than this is refused
+
+
+Kind = Literal["script", "command", "options"]
 
 
 @dataclass(frozen=True)
 class _Syntax:
     """How a program that runs another reads its command line.
 
-    `takes_value`: its options that take a value (`-W ignore`, or attached: `-Wignore`).
-    `code`: options after which no operand is a program it runs: the code comes from the
-    command line or a module (`sh -c`, `python3 -m`, `env -S`), or the operand is read
-    elsewhere (`env -C DIR` moves where a relative path points; `taskset -p PID`).
-    An interpreter (`script`) runs its first operand as a script, a bare name included;
-    a wrapper runs its first operand as a command (looked up on the PATH unless a path),
-    after `skipped` operands of its own (`timeout`'s DURATION) and, for `env`, NAME=VALUE.
+    `kind`: an interpreter (`script`) runs its first operand as a script, a bare name
+    included; a wrapper (`command`) runs its first operand as a command (looked up on the PATH
+    unless a path), after `skipped` operands of its own (`timeout`'s DURATION) and, for `env`,
+    NAME=VALUE; for the rest (`options`: `awk`, `make`, `sed`) no operand is a program.
+    `takes_value`: options that take a value (`-W ignore`, or attached: `-Wignore`).
+    `programs`: options whose value is a program file (`awk -f prog.awk`, `make -f build.mk`).
+    `code`: options after which no operand is a program: the code comes from the command
+    line or a module (`sh -c`, `python3 -m`, `env -S`), or there is no command (`taskset -p`).
+    `moves`: options that move where a relative path is looked up (`env -C DIR`): what the
+    program is cannot be told from the line then (`HiddenProgramError`).
+    `commands_after`: words after which a command follows, anywhere (`find -exec`).
     """
 
+    kind: Kind
     takes_value: frozenset[str] = frozenset()
     code: frozenset[str] = frozenset()
-    script: bool = False
+    programs: frozenset[str] = frozenset()
+    moves: frozenset[str] = frozenset()
     skipped: int = 0
     assignments: bool = False
+    commands_after: frozenset[str] = frozenset()
 
 
-def _interp(takes_value: set[str], code: set[str]) -> _Syntax:
-    return _Syntax(frozenset(takes_value), frozenset(code | {"-"}), script=True)
+class HiddenProgramError(Exception):
+    """A command line whose program cannot be held to what was read at start by its words: an
+    option moves where its relative paths are looked up (`env -C DIR ./deploy.sh`), or names
+    the program file inside its own word (`make --file=build.mk`)."""
 
 
-def _wrapper(
-    takes_value: set[str] | None = None, code: set[str] | None = None, skipped: int = 0
+def _syntax_of(
+    kind: Kind,
+    takes_value: Iterable[str] = (),
+    code: Iterable[str] = (),
+    *,
+    programs: Iterable[str] = (),
+    moves: Iterable[str] = (),
+    skipped: int = 0,
 ) -> _Syntax:
-    return _Syntax(frozenset(takes_value or ()), frozenset(code or ()), skipped=skipped)
+    return _Syntax(
+        kind,
+        frozenset(takes_value) | frozenset(programs) | frozenset(moves),
+        frozenset(code),
+        frozenset(programs),
+        frozenset(moves),
+        skipped,
+    )
 
 
-_SHELL = _interp({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}, {"-c"})
+def _interp(takes_value: Iterable[str], code: Iterable[str], **more: Any) -> _Syntax:
+    """An interpreter: `-` alone is its standard input (code), unless `more` says otherwise."""
+    return _syntax_of("script", takes_value, {*code, "-"}, **more)
+
+
+# A shell reads `-` as the end of its options (`sh - x.sh`), as `--`.
+_SHELL = _syntax_of("script", {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}, {"-c", "-s"})
+_NODE = _interp(
+    {
+        *("-r", "--require", "--import", "--loader", "--experimental-loader", "--title"),
+        *("--conditions", "-C", "--env-file", "--input-type", "--inspect-port"),
+        *("--openssl-config", "--redirect-warnings", "--report-dir", "--stack-trace-limit"),
+    },
+    {"-e", "--eval", "-p", "--print"},
+)
+_AWK = _syntax_of(
+    "options", {"-v", "-F", "--assign", "--field-separator"}, programs={"-f", "--file"}
+)
 _SYNTAX: dict[str, _Syntax] = {
     # Interpreters: the first operand is the script they run.
     "python": _interp({"-W", "-X", "-Q", "--check-hash-based-pycs"}, {"-c", "-m"}),
@@ -67,53 +116,84 @@ _SYNTAX: dict[str, _Syntax] = {
     "ash": _SHELL,
     "zsh": _SHELL,
     "ksh": _SHELL,
-    "node": _interp({"-r", "--require", "--import", "--loader"}, {"-e", "--eval", "-p", "--print"}),
+    "mksh": _SHELL,
+    "node": _NODE,
+    "nodejs": _NODE,
     "perl": _interp({"-I", "-M", "-m"}, {"-e", "-E"}),
-    "ruby": _interp({"-I", "-r"}, {"-e"}),
+    "ruby": _interp({"-I", "-r", "-E", "--encoding"}, {"-e"}, moves={"-C"}),
     "php": _interp({"-d", "-c"}, {"-r"}),
     "lua": _interp({"-l"}, {"-e"}),
     "Rscript": _interp(set(), {"-e"}),
-    "tclsh": _interp(set(), set()),
+    "tclsh": _interp({"-encoding"}, set()),
+    "wish": _interp({"-encoding"}, set()),
+    # Programs given by an option only.
+    "awk": _AWK,
+    "gawk": _AWK,
+    "mawk": _AWK,
+    "nawk": _AWK,
+    "sed": _syntax_of("options", {"-l", "--line-length"}, programs={"-f", "--file"}),
+    "make": _syntax_of(
+        "options",
+        {"-I", "--include-dir", "-j", "--jobs", "-l", "-o", "-W", "--what-if"},
+        programs={"-f", "--file", "--makefile"},
+        moves={"-C", "--directory"},
+    ),
     # Wrappers: the first operand (after their own) is the command they run.
     "env": _Syntax(
-        frozenset({"-u", "--unset"}),
-        frozenset({"-S", "--split-string", "-C", "--chdir"}),
+        "command",
+        frozenset({"-u", "--unset", "-C", "--chdir"}),
+        frozenset({"-S", "--split-string"}),
+        moves=frozenset({"-C", "--chdir"}),
         assignments=True,
     ),
-    "timeout": _wrapper({"-s", "--signal", "-k", "--kill-after"}, skipped=1),
-    "nice": _wrapper({"-n", "--adjustment"}),
-    "nohup": _wrapper(),
-    "setsid": _wrapper(),
-    "stdbuf": _wrapper({"-i", "-o", "-e", "--input", "--output", "--error"}),
-    "ionice": _wrapper(
-        {"-c", "--class", "-n", "--classdata"}, {"-p", "--pid", "-P", "--pgid", "-u", "--uid"}
+    "timeout": _syntax_of("command", {"-s", "--signal", "-k", "--kill-after"}, skipped=1),
+    "nice": _syntax_of("command", {"-n", "--adjustment"}),
+    "nohup": _syntax_of("command"),
+    "setsid": _syntax_of("command"),
+    "stdbuf": _syntax_of("command", {"-i", "-o", "-e", "--input", "--output", "--error"}),
+    "ionice": _syntax_of(
+        "command",
+        {"-c", "--class", "-n", "--classdata"},
+        {"-p", "--pid", "-P", "--pgid", "-u", "--uid"},
     ),
-    "chrt": _wrapper({"-T", "-P", "-D"}, {"-p", "--pid", "-m", "--max"}, skipped=1),
-    "taskset": _wrapper(code={"-p", "--pid"}, skipped=1),
-    "flock": _wrapper(
-        {"-w", "--timeout", "-E", "--conflict-exit-code"}, {"-c", "--command"}, skipped=1
+    "chrt": _syntax_of("command", {"-T", "-P", "-D"}, {"-p", "--pid", "-m", "--max"}, skipped=1),
+    "taskset": _syntax_of("command", code={"-p", "--pid"}, skipped=1),
+    "flock": _syntax_of(
+        "command", {"-w", "--timeout", "-E", "--conflict-exit-code"}, {"-c", "--command"}, skipped=1
     ),
-    "time": _wrapper({"-f", "--format", "-o", "--output"}),
-    "xargs": _wrapper(
+    "time": _syntax_of("command", {"-f", "--format", "-o", "--output"}),
+    "xargs": _syntax_of(
+        "command",
         {
-            "-a",
-            "--arg-file",
-            "-d",
-            "--delimiter",
-            "-E",
-            "-I",
-            "-L",
-            "--max-lines",
-            "-n",
-            "--max-args",
-            "-P",
-            "--max-procs",
-            "-s",
-            "--max-chars",
-            "--process-slot-var",
-        }
+            *("-a", "--arg-file", "-d", "--delimiter", "-E", "-I", "-L", "--max-lines", "-n"),
+            *("--max-args", "-P", "--max-procs", "-s", "--max-chars", "--process-slot-var"),
+        },
     ),
-    "busybox": _wrapper(),
+    "busybox": _syntax_of("command"),
+    "setarch": _syntax_of("command", skipped=1),
+    "prlimit": _syntax_of("command", {"-o", "--output"}, {"-p", "--pid"}),
+    "sudo": _syntax_of(
+        "command",
+        {"-u", "--user", "-g", "--group", "-C", "-h", "--host", "-p", "-r", "-t"},
+        moves={"-D", "--chdir"},
+    ),
+    "doas": _syntax_of("command", {"-u", "-C"}),
+    "runuser": _syntax_of("command", {"-u", "-g", "-G", "--user", "--group"}, {"-c", "--command"}),
+    "strace": _syntax_of(
+        "command",
+        {"-o", "-e", "-s", "-u", "-E", "-P", "-I", "-a", "-X", "-b", "-O", "-S", "-U"},
+        {"-p", "--attach"},
+    ),
+    "ltrace": _syntax_of("command", {"-o", "-e", "-s", "-u", "-a", "-n", "-F"}, {"-p"}),
+    "valgrind": _syntax_of("command"),
+    "unbuffer": _syntax_of("command"),
+    "faketime": _syntax_of("command", {"-m", "-f"}, skipped=1),
+    "numactl": _syntax_of(
+        "command",
+        {"-N", "-m", "-C", "-p", "-i", "--cpunodebind", "--membind", "--physcpubind"},
+        {"-s", "--show", "-H", "--hardware"},
+    ),
+    "find": _Syntax("options", commands_after=frozenset({"-exec", "-execdir", "-ok", "-okdir"})),
 }
 
 
@@ -179,67 +259,94 @@ def _syntax(program: str) -> _Syntax | None:
     return _SYNTAX.get(name, _SYNTAX.get(name.rstrip("0123456789.")))
 
 
-def _first_operand(argv: Sequence[str], i: int, syntax: _Syntax) -> int | None:
-    """The index of the first operand from `i` on, past the options and their values; None
-    when a code option comes first or no operand is left."""
+def _first_operand(argv: Sequence[str], i: int, syntax: _Syntax, found: list[int]) -> int | None:
+    """The index of the first operand from `i` on, past the options and their values (the
+    value of an option that names a program goes to `found`); None when a code option comes
+    first or no operand is left. Raises HiddenProgramError at an option that moves where
+    paths are looked up."""
     while i < len(argv):
         entry = argv[i]
-        if entry == "--":
+        if entry == "--" or (entry == "-" and syntax is _SHELL):
             return i + 1 if i + 1 < len(argv) else None
-        if entry in syntax.code:
+        if entry == "-" and entry in syntax.code:  # an interpreter's standard input
             return None
         if entry.startswith("--"):
-            name, attached, _ = entry.partition("=")
-            if name in syntax.code:
-                return None
-            i += 2 if name in syntax.takes_value and not attached else 1
-            continue
-        if len(entry) > 1 and entry.startswith(("-", "+")):
+            name, _, attached = entry.partition("=")
+            option, takes = name, name in syntax.takes_value and not attached
+        elif len(entry) > 1 and entry.startswith(("-", "+")):
             # A cluster of short options (`-eu`, `-ec`, `-Wignore`, `-uW ignore`): a letter
             # that takes a value takes the rest of the cluster, or the next entry.
-            step = 1
+            option, takes, attached = entry, False, ""
             for k in range(1, len(entry)):
-                option = entry[0] + entry[k]
-                if option in syntax.code:
-                    return None
-                if option in syntax.takes_value:
-                    step = 2 if k == len(entry) - 1 else 1
+                letter = entry[0] + entry[k]
+                if letter in syntax.code or letter in syntax.takes_value:
+                    option, attached = letter, entry[k + 1 :]
+                    takes = not attached and letter in syntax.takes_value
                     break
-            i += step
-            continue
-        if syntax.assignments and (entry == "-" or "=" in entry):  # env's `-` and NAME=VALUE
+        elif syntax.assignments and (entry == "-" or "=" in entry):  # env's `-` and NAME=VALUE
             i += 1
             continue
-        return i
+        else:
+            return i
+        if option in syntax.code or entry in syntax.code:
+            return None
+        if option in syntax.moves:
+            raise HiddenProgramError(
+                f"{option} moves where {argv[0]} looks for its program: mm-batch cannot hold "
+                "what it runs to what it read at start (set the tool's workdir instead)"
+            )
+        if option in syntax.programs:
+            if attached:
+                raise HiddenProgramError(
+                    f"{entry} names {argv[0]}'s program file inside its own word: give it as "
+                    f"a word of its own ({option} FILE)"
+                )
+            if i + 1 < len(argv):
+                found.append(i + 1)
+        i += 2 if takes else 1
     return None
-
-
-MAX_WRAPPERS = 16  # wrappers nested deeper than this are not followed
 
 
 def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
     """The indexes of an argv that name a program to run: argv[0] when it is a path, the
-    command a wrapper runs when it is a path (`env`, `timeout 5`, `nice -n 5`, nested), and
-    the script an interpreter is given (its first operand, a bare name included), unless the
-    code comes from an option (`sh -c`, `python3 -m`)."""
+    command a wrapper runs when it is a path (`env`, `timeout 5`, `nice -n 5`, `find -exec`,
+    nested), the script an interpreter is given (its first operand, a bare name included),
+    unless the code comes from an option (`sh -c`, `python3 -m`), and the program file an
+    option names (`awk -f prog.awk`, `make -f build.mk`). Raises HiddenProgramError for a line
+    whose program cannot be told from it (`env -C DIR ./x.sh`)."""
     found: list[int] = []
     i: int | None = 0
-    for _ in range(MAX_WRAPPERS):
-        if i is None or i >= len(argv):
-            break
+    while i is not None and i < len(argv):  # each turn moves on: nested wrappers end
         if _names_a_path(argv[i]):
             found.append(i)
         syntax = _syntax(argv[i])
         if syntax is None:
             break
-        i = _first_operand(argv, i + 1, syntax)
+        if syntax.commands_after:  # each command after them (`find -exec ./x {} ;`)
+            for k in range(i + 1, len(argv)):
+                if argv[k] in syntax.commands_after:
+                    found += (k + 1 + j for j in program_entries(argv[k + 1 :]))
+            break
+        i = _first_operand(argv, i + 1, syntax, found)
+        if syntax.kind == "options":  # its program options may follow operands (`make all -f x`)
+            while i is not None:
+                i = _first_operand(argv, i + 1, syntax, found)
+            break
         if i is None:
             break
-        if syntax.script:
+        if syntax.kind == "script":
             found.append(i)
             break
-        i += syntax.skipped
+        i = _first_operand(argv, i + syntax.skipped, syntax, found) if syntax.skipped else i
     return tuple(sorted(set(found)))
+
+
+def _known_programs(argv: Sequence[str]) -> tuple[int, ...]:
+    """`program_entries`, none for a line whose program is hidden (refused when it runs)."""
+    try:
+        return program_entries(argv)
+    except HiddenProgramError:
+        return ()
 
 
 class MissingAtStartError(Exception):
@@ -256,11 +363,10 @@ class Pristine:
     contents: dict[Path, bytes] = field(default_factory=dict)
     # (tool's workdir, entry as written) of a tool's command that named a file of code at start
     code: set[tuple[Path, str]] = field(default_factory=set)
-    # (folder, entry as written) that named anything at start, copied or not (a link out of the
-    # agent's folder, a file too big to copy): never taken for a program planted since
-    present: set[tuple[Path, str]] = field(default_factory=set)
-    _folder: Path | None = None
-    _copies: dict[Path, Path] = field(default_factory=dict)
+    # (folder, entry as written) that named something at start: its link_state then (a link's
+    # target; NOT_A_LINK for a file, read or too big to read, a folder, a FIFO)
+    present: dict[tuple[Path, str], str] = field(default_factory=dict)
+    _copies: dict[Path, str] = field(default_factory=dict)  # the hooks' sealed copies
 
     @classmethod
     def take(cls, tasks: Iterable[TaskSpec]) -> Pristine:
@@ -273,10 +379,11 @@ class Pristine:
                     path = pristine._read(agent.directory, entry)
                     if path is not None:
                         pristine._copy_for_host(path)
-            for entry in task.expect.check or () if task.expect is not None else ():
-                pristine._read(agent.directory, entry)
+            check = task.expect.check or () if task.expect is not None else ()
+            for i in _known_programs(check):  # the rest of a check's argv is workspace data
+                pristine._read(agent.directory, check[i])
             for tool in agent.tools:
-                programs = set(program_entries(tool.command))
+                programs = set(_known_programs(tool.command))
                 for i, entry in enumerate(tool.command):
                     if "{{" in entry:  # a value the model sends is not a program
                         continue
@@ -293,9 +400,9 @@ class Pristine:
         key = (directory, entry)
         if key in self.named:
             return self.named[key]
-        with contextlib.suppress(OSError, ValueError):
-            if entry and os.path.lexists(directory / entry):
-                self.present.add(key)
+        state = link_state(directory / entry) if entry and "\x00" not in entry else None
+        if state is not None:
+            self.present[key] = state
         path = _under(directory, entry, top)
         if path is None:
             return None
@@ -313,77 +420,91 @@ class Pristine:
         return path
 
     def _copy_for_host(self, path: Path) -> None:
-        if path in self._copies:
-            return
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="mm-batch-hooks-"))
-        copy = self._folder / f"{len(self._copies)}-{path.name}"
-        copy.write_bytes(self.contents[path])
-        copy.chmod(0o500)
-        self._copies[path] = copy
+        """A hook's copy, sealed: no command, not even one running as the same user on the
+        host, can change it."""
+        if path not in self._copies:
+            self._copies[path] = sealed_copy(self.contents[path], path.name)
 
-    def _check_not_planted(
+    def _unread(
         self, directory: Path, argv: Sequence[str], top: Path | None = None
-    ) -> None:
-        """No program of `argv` run in `directory` (argv[0] when a path, and the script an
-        interpreter runs, a bare name included: `sh verify.sh` opens ./verify.sh) may be a path
-        into the agent's folder (`top`; `directory` itself by default) that named no file at
-        start: a tool may have written it since."""
-        for i in program_entries(argv):
+    ) -> tuple[UnreadProgram, ...]:
+        """The programs of `argv` run in `directory` (argv[0] when a path, the command a wrapper
+        runs, the script an interpreter runs, a bare name included: `sh verify.sh` opens
+        ./verify.sh) that name a path in the agent's folder (`top`; `directory` itself by
+        default) where no file was read at start, each with what was there then: the executor
+        checks, where it runs them, that this is still so. Raises MissingAtStartError for one
+        that can never run: argv[0] as a path to nothing, or something there that could not be
+        read (a folder, a file over MAX_PRISTINE_BYTES)."""
+        unread = []
+        try:
+            entries = program_entries(argv)
+        except HiddenProgramError as exc:
+            raise MissingAtStartError(str(exc)) from exc
+        for i in entries:
             entry = argv[i]
-            there = (directory, entry) in self.named or (directory, entry) in self.present
-            if there or not _inside(top or directory, str(directory / entry)):
+            key = (directory, entry)
+            if key in self.named or not _inside(top or directory, str(directory / entry)):
                 continue
-            # argv[0] as a path must have been there; a later entry taken for a script (a bare
-            # name, or an option's value read as one) only when a file is there now.
-            if (i == 0 and _names_a_path(entry)) or (i > 0 and os.path.lexists(directory / entry)):
+            state = self.present.get(key)
+            if state == NOT_A_LINK:
                 raise MissingAtStartError(
-                    f"{entry} was not a file of the agent's folder when the run started"
+                    f"{entry} was no file mm-batch could read when the run started (a folder, "
+                    f"or a file over {MAX_PRISTINE_BYTES >> 20} MiB)"
                 )
+            if state is None and i == 0 and _names_a_path(entry):
+                raise MissingAtStartError(UnreadProgram(entry, None).refusal())
+            unread.append(UnreadProgram(entry, state))
+        return tuple(unread)
 
     def hook_argv(self, directory: Path, argv: tuple[str, ...]) -> tuple[str, ...]:
         """A hook's argv, each entry that named one of the agent's files at start swapped for
-        its copy. Raises MissingAtStartError for a path into the folder that named none."""
-        self._check_not_planted(directory, argv)
+        its copy. Raises MissingAtStartError for a program of the folder that is not what was
+        there at start (hooks run on the host: it is looked at here)."""
+        for program in self._unread(directory, argv):
+            if link_state(directory / program.entry) != program.link:
+                raise MissingAtStartError(program.refusal())
         swapped = []
         for entry in argv:
             path = self.named.get((directory, entry))
-            swapped.append(entry if path is None else str(self._copies[path]))
+            swapped.append(entry if path is None else self._copies[path])
         return tuple(swapped)
 
-    def check_files(self, directory: Path, argv: tuple[str, ...]) -> dict[int, tuple[Path, bytes]]:
-        """For each entry of a `check` argv that named one of the agent's files at start: its
-        index, the file and the content read then. Raises MissingAtStartError as hook_argv."""
-        self._check_not_planted(directory, argv)
+    def check_files(
+        self, directory: Path, argv: tuple[str, ...]
+    ) -> tuple[dict[int, tuple[Path, bytes]], tuple[UnreadProgram, ...]]:
+        """For each program of a `check` argv that named one of the agent's files at start:
+        its index, the file and the content read then (the rest of the argv is workspace
+        data, read as it is when the check runs); and the programs no file was read for, for
+        the executor to look at. Raises MissingAtStartError as `_unread`."""
+        unread = self._unread(directory, argv)
         files: dict[int, tuple[Path, bytes]] = {}
-        for i, entry in enumerate(argv):
-            path = self.named.get((directory, entry))
+        for i in _known_programs(argv):
+            path = self.named.get((directory, argv[i]))
             if path is not None:
                 files[i] = (path, self.contents[path])
-        return files
+        return files, unread
 
     def programs(
         self, workdir: Path, argv: Sequence[str], agent_dir: Path
-    ) -> tuple[PinnedProgram, ...]:
+    ) -> tuple[tuple[PinnedProgram, ...], tuple[UnreadProgram, ...]]:
         """The programs of a tool call's argv that named one of the agent's files at start:
-        argv[0], the script an interpreter is given, and any other entry of the tool's command
-        that named a file of code (`env sh deploy.sh`, `timeout 5 python3 deploy.py`): each
-        with the content read then, which is what the executor runs. Raises
-        MissingAtStartError for a program in the agent's folder (`agent_dir`) that named no
-        file at start."""
-        self._check_not_planted(workdir, argv, agent_dir)
+        argv[0], the command a wrapper runs, the script an interpreter is given, and any other
+        entry of the tool's command that named a file of code: each with the content read
+        then, which is what the executor runs; and the programs no file was read for, for the
+        executor to look at (`_unread`; `agent_dir` is the agent's folder)."""
+        unread = self._unread(workdir, argv, agent_dir)
         pinned = []
-        programs = set(program_entries(argv))
+        programs = set(_known_programs(argv))
         for i, entry in enumerate(argv):
             path = self.named.get((workdir, entry))
             if path is not None and (i in programs or (workdir, entry) in self.code):
                 pinned.append(PinnedProgram(i, entry, path, self.contents[path]))
-        return tuple(pinned)
+        return tuple(pinned), unread
 
     def close(self) -> None:
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
+        for copy in self._copies.values():
+            drop_sealed(copy)
+        self._copies.clear()
 
 
 def replaced(argv: tuple[str, ...], copies: Mapping[int, str]) -> tuple[str, ...]:

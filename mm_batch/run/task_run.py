@@ -191,7 +191,10 @@ class TaskRun:
         agent = self.spec.task.agent
         executor = self.context.executor
         try:
-            files = self.context.pristine.check_files(agent.directory, argv)
+            files, unread = self.context.pristine.check_files(agent.directory, argv)
+            moved = executor.changed(agent.directory, unread, check=True) if unread else None
+            if moved is not None:
+                raise MissingAtStartError(moved.refusal())
         except MissingAtStartError as exc:
             return CheckRun(None, str(exc))
         if files:

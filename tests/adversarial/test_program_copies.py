@@ -11,10 +11,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mm_batch.run.pristine import program_entries
+from mm_batch.run.pristine import HiddenProgramError, program_entries
 from tests.run.scripted import answer, calls, run_tasks
 
 
@@ -53,6 +54,19 @@ FORMS = {
         ["python3", "--check-hash-based-pycs", "never", "deploy.py"],
         "deploy.py",
         "print('pristine')\n",
+    ),
+    # Found by the third attack: a shell's `-`, a program named by an option, `find -exec`.
+    "sh - deploy": (["sh", "-", "deploy"], "deploy", "echo pristine\n"),
+    "awk -f prog": (["awk", "-f", "prog"], "prog", 'BEGIN { print "pristine" }\n'),
+    "find -exec": (
+        ["find", ".", "-maxdepth", "0", "-exec", "sh", "deploy", ";", "-o", "-name"],
+        "deploy",
+        "echo pristine\n",
+    ),
+    "setarch x86_64 ./deploy": (
+        ["setarch", "x86_64", "./deploy"],
+        "deploy",
+        "#!/bin/sh\necho pristine\n",
     ),
 }
 
@@ -117,7 +131,10 @@ def test_a_program_the_kernel_refuses_is_an_error_never_started(tmp_path: Path) 
 INTERPRETERS = ["sh", "bash", "dash", "/bin/sh", "python3", "python3.11", "/usr/bin/python3"]
 FLAGS = {"sh": ["-e", "-x", "-eu"], "python": ["-u", "-B", "-I", "-O"]}
 VALUED = {"sh": [["-o", "pipefail"]], "python": [["-W", "ignore"], ["-X", "dev"]]}
-CODE = {"sh": [["-c", "echo"], ["-ec", "echo"]], "python": [["-c", "pass"], ["-m", "pip"]]}
+CODE = {
+    "sh": [["-c", "echo"], ["-ec", "echo"], ["-s", "arg"]],
+    "python": [["-c", "pass"], ["-m", "pip"]],
+}
 names = st.from_regex(r"[a-z][a-z0-9_]{0,8}\.(sh|py)", fullmatch=True)
 
 
@@ -158,10 +175,20 @@ WRAPPERS: dict[str, list[list[str]]] = {
     "xargs": [[], ["-n", "1"], ["-I{}"], ["-P", "2", "-0"]],
     "flock": [["/tmp/lock"], ["-w", "3", "/tmp/lock"]],
     "busybox": [[]],
+    "setarch": [["x86_64"], ["x86_64", "-R"]],
+    "prlimit": [[], ["--nofile=64"]],
+    "sudo": [[], ["-u", "nobody"]],
 }
-# Wrappers whose command comes from a string or a place the line does not say: nothing after
-# them is taken for a program.
-OPAQUE = [["env", "-S", "sh x.sh"], ["env", "-C", "sub"], ["flock", "-c", "sh x.sh", "/tmp/l"]]
+# Wrappers whose command comes from a string: nothing after them is taken for a program.
+OPAQUE = [["env", "-S", "sh x.sh"], ["flock", "-c", "sh x.sh", "/tmp/l"]]
+# Options that move where a relative program is looked up, or hide the program file in their
+# own word: the line's program cannot be told, and it never runs.
+HIDING = [
+    ["env", "-C", "sub"],
+    ["env", "--chdir=sub"],
+    ["make", "--file=x.mk"],
+    ["make", "-C", "d"],
+]
 
 
 @st.composite
@@ -216,8 +243,21 @@ def test_after_a_wrapper_that_hides_its_command_nothing_is_a_program(
     assert program_entries(argv) == (), shlex.join(argv)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(HIDING), interpreter_lines())
+def test_a_line_whose_program_is_hidden_is_refused(
+    hiding: list[str], line: tuple[list[str], int | None]
+) -> None:
+    with pytest.raises(HiddenProgramError):
+        program_entries([*hiding, *line[0]])
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(max_size=12), min_size=1, max_size=6))
 def test_a_program_entry_is_never_an_option(argv: list[str]) -> None:
-    for i in program_entries(argv):
-        assert i == 0 or not argv[i].startswith(("-", "+")) or argv[i - 1] == "--"
+    try:
+        entries = program_entries(argv)
+    except HiddenProgramError:
+        return
+    for i in entries:
+        assert i == 0 or not argv[i].startswith(("-", "+")) or argv[i - 1] in ("--", "-")

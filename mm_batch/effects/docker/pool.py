@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mm_batch.plan import RunSpec
-from mm_batch.run.ports import ExecResult, Executor, PinnedProgram, SandboxError
+from mm_batch.run.ports import (
+    ExecResult,
+    Executor,
+    PinnedProgram,
+    SandboxError,
+    UnreadProgram,
+)
 
 if TYPE_CHECKING:
     from mm_batch.effects.docker.engine import DockerClient
@@ -104,6 +110,11 @@ class _Tracked:
         programs: Sequence[PinnedProgram] = (),
     ) -> ExecResult:
         return self._sandbox.execute(argv, workdir, env, timeout, cancel, programs=programs)
+
+    def changed(
+        self, workdir: Path, unread: Sequence[UnreadProgram], *, check: bool = False
+    ) -> UnreadProgram | None:
+        return self._sandbox.changed(workdir, unread, check=check)
 
     def protect(self, files: Mapping[Path, bytes]) -> dict[Path, str]:
         return self._sandbox.protect(files)

@@ -36,7 +36,31 @@ from mm_batch.effects.docker.workspace import (
     size_bytes,
 )
 from mm_batch.effects.host import LOG_LIMIT
-from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram, SandboxError
+from mm_batch.run.ports import (
+    EMPTY,
+    Captured,
+    ExecResult,
+    PinnedProgram,
+    SandboxError,
+    UnreadProgram,
+)
+
+# For each (path, link) pair: whether the path is still the link it was (its target, when
+# the image has `readlink`), or still nothing when `link` is empty; prints the index of the
+# first that is not, else "same". Only /bin/sh and its built-ins are sure to be in an image.
+_CHANGED = """
+i=0
+while [ $# -gt 1 ]; do
+  if [ -z "$2" ]; then
+    if [ -e "$1" ] || [ -L "$1" ]; then echo "$i"; exit 0; fi
+  elif [ ! -L "$1" ]; then echo "$i"; exit 0
+  elif command -v readlink >/dev/null 2>&1 && [ "$(readlink "$1")" != "$2" ]; then
+    echo "$i"; exit 0
+  fi
+  i=$((i + 1)); shift 2
+done
+echo same
+"""
 
 
 class DockerSandbox:
@@ -134,6 +158,29 @@ class DockerSandbox:
         self.start()
         self._sweeper.settle()
         return self._copies.protect(files)
+
+    def changed(
+        self, workdir: Path, unread: Sequence[UnreadProgram], *, check: bool = False
+    ) -> UnreadProgram | None:
+        """Looked at in the container, as the uid that would run them (what a tool's uid
+        cannot see, it cannot run either), once the last call's sweep has confirmed that no
+        tool process is left to change them. One the engine cannot answer for is changed."""
+        if not unread:
+            return None
+        try:
+            folder = container_path(self.agent_dir, workdir)
+            self.start()
+            self._sweeper.settle()
+            pairs = [item for p in unread for item in (str(folder / p.entry), p.link or "")]
+            user = self.users.check if check else self.spec.user
+            done = self.engine.run(["/bin/sh", "-c", _CHANGED, "changed", *pairs], user)
+            said = done.stdout.decode(errors="replace").split()
+        except (ValueError, SandboxError, EngineError):
+            return unread[0]
+        if done.exit_code == 0 and said == ["same"]:
+            return None
+        first = int(said[0]) if said and said[0].isdigit() else 0
+        return unread[first] if first < len(unread) else unread[0]
 
     # -- calls ---------------------------------------------------------------------------
 
