@@ -93,7 +93,11 @@ class HostExecutor:
         """Sealed copies. An original that still holds the bytes read at start runs in place,
         its own folder's modules and files at hand, as a tool's program does (see `_pinned`)."""
         return {
-            original: str(original) if _holds(original, content) else self._copy(original, content)
+            original: (
+                str(original)
+                if _holds(original, content, original)
+                else self._copy(original, content)
+            )
             for original, content in files.items()
         }
 
@@ -104,7 +108,7 @@ class HostExecutor:
         runs from its copy; one that does runs in place, so that `$0`'s folder is unchanged."""
         pinned = list(argv)
         for program in programs:
-            if not _holds(workdir / program.entry, program.content):
+            if not _holds(workdir / program.entry, program.content, program.path):
                 pinned[program.index] = self._copy(program.path, program.content)
         return pinned
 
@@ -258,8 +262,16 @@ class HostExecutor:
         )
 
 
-def _holds(path: Path, content: bytes) -> bool:
-    """Whether a path names a regular file holding exactly `content` (never blocks on a FIFO)."""
+def _holds(path: Path, content: bytes, start: Path) -> bool:
+    """Whether a path names, as at start, the file read then (`start`: no link on its way
+    leads elsewhere now: a link a tool made to `/proc/self/cwd/...` would lead this process
+    and the command to different files), a regular file holding exactly `content` (never
+    blocks on a FIFO)."""
+    try:
+        if os.path.realpath(path) != os.fspath(start):
+            return False
+    except (OSError, ValueError):
+        return False
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:

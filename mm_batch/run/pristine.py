@@ -16,6 +16,7 @@ up again later, so a file swapped for a symlink (or created) during the run is n
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,6 +342,27 @@ def program_entries(argv: Sequence[str]) -> tuple[int, ...]:
     return tuple(sorted(set(found)))
 
 
+MAX_HOPS = 40  # links followed from one entry, as the kernel follows them
+
+
+def _hops(directory: Path, entry: str, top: Path) -> tuple[UnreadProgram, ...]:
+    """Each link on the way from `entry` (relative to `directory`) while it stays inside the
+    agent's folder (`top`), with what it was at start, and what the last one led to there:
+    nothing (a link to a file not made yet) or something. A link out of the folder ends it."""
+    hops = []
+    where = entry
+    for _ in range(MAX_HOPS):
+        state = link_state(directory / where)
+        hops.append(UnreadProgram(where, state))
+        if state is None or state == NOT_A_LINK:
+            break
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(where), state))
+        if not _inside(top, str(directory / target)):
+            break
+        where = os.path.relpath(directory / target, directory) if target.startswith("/") else target
+    return tuple(hops)
+
+
 def _known_programs(argv: Sequence[str]) -> tuple[int, ...]:
     """`program_entries`, none for a line whose program is hidden (refused when it runs)."""
     try:
@@ -366,6 +388,9 @@ class Pristine:
     # (folder, entry as written) that named something at start: its link_state then (a link's
     # target; NOT_A_LINK for a file, read or too big to read, a folder, a FIFO)
     present: dict[tuple[Path, str], str] = field(default_factory=dict)
+    # (folder, entry as written) that was a link not read at start: each link on its way while
+    # it stays in the agent's folder, and what was there then (`_hops`)
+    hops: dict[tuple[Path, str], tuple[UnreadProgram, ...]] = field(default_factory=dict)
     _copies: dict[Path, str] = field(default_factory=dict)  # the hooks' sealed copies
 
     @classmethod
@@ -403,6 +428,8 @@ class Pristine:
         state = link_state(directory / entry) if entry and "\x00" not in entry else None
         if state is not None:
             self.present[key] = state
+        if state not in (None, NOT_A_LINK):
+            self.hops[key] = _hops(directory, entry, top or directory)
         path = _under(directory, entry, top)
         if path is None:
             return None
@@ -435,7 +462,7 @@ class Pristine:
         checks, where it runs them, that this is still so. Raises MissingAtStartError for one
         that can never run: argv[0] as a path to nothing, or something there that could not be
         read (a folder, a file over MAX_PRISTINE_BYTES)."""
-        unread = []
+        unread: list[UnreadProgram] = []
         try:
             entries = program_entries(argv)
         except HiddenProgramError as exc:
@@ -453,7 +480,12 @@ class Pristine:
                 )
             if state is None and i == 0 and _names_a_path(entry):
                 raise MissingAtStartError(UnreadProgram(entry, None).refusal())
-            unread.append(UnreadProgram(entry, state))
+            hops = self.hops.get(key, (UnreadProgram(entry, state),))
+            if any(hop.link == NOT_A_LINK for hop in hops):
+                raise MissingAtStartError(
+                    f"{entry} led to no file mm-batch could read when the run started"
+                )
+            unread += hops
         return tuple(unread)
 
     def hook_argv(self, directory: Path, argv: tuple[str, ...]) -> tuple[str, ...]:

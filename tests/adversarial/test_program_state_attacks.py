@@ -206,3 +206,124 @@ def test_a_host_command_cannot_change_the_copies_hooks_and_programs_run_from(
     assert [r["outcome"] for r in tools_run] == ["ran"] * 4, tools_run
     assert [r["stdout"] for r in tools_run if r["tool"] == "deploy"] == ["deploy-pristine\n"] * 2
     assert all("gate-pristine" in json.dumps(r["hooks"]) for r in tools_run), tools_run
+
+
+def _script(folder: Path, name: str, text: str) -> None:
+    write(folder, name, f"#!/bin/sh\n{text}\n").chmod(0o755)
+
+
+def _tools(folder: Path, where: str, tools: dict[str, list[str]], check: str = "") -> Path:
+    lines = "".join(
+        f"  - {{name: {name}, description: {name}., command: {json.dumps(argv)}}}\n"
+        for name, argv in tools.items()
+    )
+    write(folder, "agent.yaml", f"yolo: true\n{EXECUTORS[where]}tools:\n{lines}")
+    expect = f", expect: {{check: {check}}}" if check else ""
+    return write(
+        folder, "tasks.yaml", f"agent: agent.yaml\ntasks: [{{id: t, prompt: go{expect}}}]\n"
+    )
+
+
+def _outputs(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [
+        (r["outcome"], r["stdout"] or r["reason"] or "") for r in records if r["kind"] == "tool"
+    ]
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_a_link_to_proc_self_cwd_leads_the_look_and_the_run_to_one_file(
+    cli: Cli, fake_model: Fake, tmp_path: Path, where: str
+) -> None:
+    """A tool turns `deploy.sh` into a link through `/proc/self/cwd`: whatever compares it
+    with what was read at start resolves it from its own working directory, the command from
+    the tool's. Where both differ, the copy runs, never the file the tool planted."""
+    agent, own = tmp_path / "agent", tmp_path / "own-cwd"
+    _script(agent, "deploy.sh", "echo pristine")
+    # What mm-batch's own working directory (and the container's `/`) holds under that name.
+    copy = ".mm-batch-programs/0/deploy.sh"
+    _script(own, copy, "echo pristine")
+    trick = (
+        f"mkdir -p {copy.rsplit('/', 1)[0]}; printf '#!/bin/sh\\necho PWNED\\n' > {copy}; "
+        f"chmod 755 {copy}; rm deploy.sh; ln -s /proc/self/cwd/{copy} deploy.sh"
+    )
+    tasks = _tools(
+        agent,
+        where,
+        {"deploy": ["./deploy.sh"], "trick": ["sh", "-c", trick]},
+        check='["./deploy.sh"]',
+    )
+    steps = [tool_call("deploy", {}), tool_call("trick", {}), tool_call("deploy", {})]
+    fake = fake_model(by_prompt({"go": [*steps, text("done")]}))
+    result = cli("run", tasks, *model_args(fake), "--out", agent / "out", cwd=own)
+    assert result.code in (0, 1), result.err
+    records = read_calls(agent / "out")
+    assert not any("PWNED" in str(r.get("stdout")) for r in records), records
+    assert _outputs(records) == [("ran", "pristine\n"), ("ran", ""), ("ran", "pristine\n")]
+    assert [r["status"] for r in records if r["kind"] == "task"] == ["passed"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_each_way_to_a_program_is_compared_on_its_own(
+    cli: Cli, fake_model: Fake, tmp_path: Path, where: str
+) -> None:
+    """`./current/deploy.sh` and `v2/deploy.sh` are one file at start (`current -> v2`). A
+    tool points `current` at an honest copy and rewrites `v2/deploy.sh`: neither may run it."""
+    agent = tmp_path / "agent"
+    _script(agent, "v2/deploy.sh", "echo pristine")
+    (agent / "current").symlink_to("v2")
+    swap = (
+        "mkdir v3; cp v2/deploy.sh v3/; rm current; ln -s v3 current; "
+        "printf '#!/bin/sh\\necho PWNED\\n' > v2/deploy.sh"
+    )
+    tools = {"current": ["./current/deploy.sh"], "v2": ["v2/deploy.sh"], "swap": ["sh", "-c", swap]}
+    tasks = _tools(agent, where, tools)
+    steps = [tool_call("current", {}), tool_call("swap", {}), tool_call("v2", {})]
+    records = _run(cli, fake_model, tasks, steps)
+    assert _outputs(records) == [("ran", "pristine\n"), ("ran", ""), ("ran", "pristine\n")]
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("chain", ["dangling-into-the-folder", "link-to-a-link"])
+def test_every_link_on_the_way_to_a_program_stays_what_it_was(
+    cli: Cli, fake_model: Fake, tmp_path: Path, where: str, chain: str
+) -> None:
+    """A link not read at start (its end is outside the folder, or not there yet) runs only
+    while every link on its way inside the folder, and where it ends there, is as at start."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    _script(tmp_path, "outside.sh", "echo outside")
+    if chain == "dangling-into-the-folder":
+        (agent / "run.sh").symlink_to("gen/out.sh")  # made by no tool yet
+        plant = (
+            "mkdir -p gen; printf '#!/bin/sh\\necho PWNED\\n' > gen/out.sh; chmod 755 gen/out.sh"
+        )
+    else:
+        (agent / "b").symlink_to("../outside.sh")
+        (agent / "run.sh").symlink_to("b")
+        plant = "printf '#!/bin/sh\\necho PWNED\\n' > p.sh; chmod 755 p.sh; rm b; ln -s p.sh b"
+    tasks = _tools(agent, where, {"run": ["sh", "./run.sh"], "plant": ["sh", "-c", plant]})
+    records = _run(cli, fake_model, tasks, [tool_call("plant", {}), tool_call("run", {})])
+    plant_record, run = [r for r in records if r["kind"] == "tool"]
+    assert plant_record["outcome"] == "ran", plant_record
+    assert (run["outcome"], run["started"]) == ("error", False), run
+
+
+@pytest.mark.docker
+def test_a_program_named_by_its_path_in_the_container_is_refused(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """Read at start by its path in the agent's folder, a program is held to that only when
+    named so: `/workspace/deploy.sh` is refused, for a tool and for a check."""
+    agent = tmp_path / "agent"
+    _script(agent, "deploy.sh", "echo pristine")
+    _script(agent, "verify.sh", "exit 1")
+    plant = (
+        "printf '#!/bin/sh\\necho PWNED\\n' > deploy.sh; printf '#!/bin/sh\\nexit 0\\n' > verify.sh"
+    )
+    tools = {"deploy": ["/workspace/deploy.sh"], "plant": ["sh", "-c", plant]}
+    tasks = _tools(agent, "docker", tools, check='["/workspace/verify.sh"]')
+    records = _run(cli, fake_model, tasks, [tool_call("plant", {}), tool_call("deploy", {})])
+    _, deploy = [r for r in records if r["kind"] == "tool"]
+    assert (deploy["outcome"], deploy["started"]) == ("error", False), deploy
+    assert "relative to the tool's workdir" in deploy["reason"]
+    assert [r["status"] for r in records if r["kind"] == "task"] == ["failed"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
@@ -44,6 +44,7 @@ from mm_batch.run.ports import (
     SandboxError,
     UnreadProgram,
 )
+from mm_batch.run.pristine import HiddenProgramError, program_entries
 
 # For each (path, link) pair: whether the path is still the link it was (its target, when
 # the image has `readlink`), or still nothing when `link` is empty; prints the index of the
@@ -61,6 +62,24 @@ while [ $# -gt 1 ]; do
 done
 echo same
 """
+
+
+def _by_container_path(argv: Sequence[str], placed: Collection[str] = ()) -> str | None:
+    """Why a program named by its path in the container's workspace (`/workspace/deploy.sh`)
+    may not run: read at start by its path in the agent's folder, it is held to that only when
+    named so; None for none (or one mm-batch placed itself: `placed`)."""
+    try:
+        entries = program_entries(argv)
+    except HiddenProgramError:
+        return None  # refused where the programs were looked at
+    for i in entries:
+        entry = argv[i]
+        if entry not in placed and (entry == str(WORKSPACE) or entry.startswith(f"{WORKSPACE}/")):
+            return (
+                f"{entry} names a program of the workspace by its path in the container: name it "
+                "relative to the tool's workdir (./deploy.sh), so that it runs as read at start"
+            )
+    return None
 
 
 class DockerSandbox:
@@ -198,6 +217,9 @@ class DockerSandbox:
         container_workdir = self._workdir_in_container(workdir, begun)
         if isinstance(container_workdir, ExecResult):
             return container_workdir
+        unpinned = _by_container_path(argv)
+        if unpinned is not None:
+            return ExecResult(None, EMPTY, EMPTY, 0.0, error=unpinned, started=False)
         try:
             self.start()
             self._sweeper.settle()
@@ -236,6 +258,9 @@ class DockerSandbox:
         container_workdir = self._workdir_in_container(workdir, begun)
         if isinstance(container_workdir, ExecResult):
             return container_workdir
+        unpinned = _by_container_path(argv, self._copies.checked_in_place)
+        if unpinned is not None:
+            return ExecResult(None, EMPTY, EMPTY, 0.0, error=unpinned, started=False)
         try:
             self.start()
             self._sweeper.settle()

@@ -25,7 +25,7 @@ import time
 
 from mm_batch.effects.docker.engine import ENGINE_TIMEOUT_S, ROOT, Engine
 from mm_batch.effects.docker.stream import Background, EngineError
-from mm_batch.effects.docker.workspace import Copies
+from mm_batch.effects.docker.workspace import PLAIN, Copies
 from mm_batch.run.ports import SandboxError
 
 KILL_TRIES_S = 5.0
@@ -84,7 +84,9 @@ KILL_GIDS = (65533, 65530, 65529)
 # it (the creator may, whoever it made the owner since), and no root exec of ours could (that
 # needs CAP_SYS_ADMIN). The second reading uses the shell alone: a missing or lying `ipcrm`
 # cannot make it say clean.
-_RESET = r"""
+_RESET = (
+    PLAIN
+    + r"""
 h=$1; shift
 cd / || exit 4
 for d in /tmp /dev/shm /dev/mqueue; do
@@ -107,11 +109,12 @@ for k in msg:q shm:m sem:s; do
 done
 mkdir -m 700 "$h" && mkdir -m 700 "$h/tmp" || exit 5
 while [ $# -ge 2 ]; do
-  [ -f "$2" ] && cmp -s "$1" "$2" 2>/dev/null && echo "same $1"
+  [ -f "$2" ] && plain "$2" && cmp -s "$1" "$2" 2>/dev/null && echo "same $1"
   shift 2
 done
 echo ready
 """
+)
 
 
 def fresh_home() -> str:

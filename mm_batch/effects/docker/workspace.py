@@ -43,16 +43,33 @@ _PAGE = 4096
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 # As root: place one program copy ($1 folder, $2 name, content on stdin), then say whether the
 # original ($3) still holds the same bytes.
-_PLACE = r"""
+# Whether no part of a path below the workspace is a link ($1): only then is an original
+# compared with its copy, as whatever looks at it and whatever runs it reach the same file
+# (a link to /proc/self/cwd/... leads each to its own working directory).
+PLAIN = r"""
+plain() {
+  p=$1
+  while [ -n "$p" ] && [ "$p" != / ] && [ "$p" != @WORKSPACE@ ]; do
+    [ -L "$p" ] && return 1
+    p=${p%/*}
+  done
+  return 0
+}
+""".replace("@WORKSPACE@", str(WORKSPACE))
+_PLACE = (
+    PLAIN
+    + r"""
 set -e; umask 022
 mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"
-if [ -f "$3" ] && cmp -s "$1/$2" "$3" 2>/dev/null; then echo same; else echo changed; fi
+if [ -f "$3" ] && plain "$3" && cmp -s "$1/$2" "$3" 2>/dev/null; then echo same
+else echo changed; fi
 """
+)
 # As the check uid: place one check copy ($1 folder, made for the first, $3 = 0; $2 name,
 # content on stdin), then say whether the original ($4) still holds the same bytes.
-_PROTECT = (
+_PROTECT = PLAIN + (
     'set -e; umask 022; [ "$3" = 0 ] && mkdir "$1"; cat >"$1/$2"; chmod 0755 "$1/$2"; '
-    'if [ -f "$4" ] && cmp -s "$1/$2" "$4" 2>/dev/null; then echo same; fi'
+    'if [ -f "$4" ] && plain "$4" && cmp -s "$1/$2" "$4" 2>/dev/null; then echo same; fi'
 )
 
 
@@ -211,8 +228,9 @@ class Copies:
         self._check_user = check_user  # Users.check
         # Program copies placed in the container: (file at start, content) -> (copy, original
         # in the container); and which copies the originals still equalled at the last look.
-        self._programs: dict[tuple[Path, bytes], tuple[str, str]] = {}
+        self._programs: dict[tuple[Path, bytes, str], tuple[str, str]] = {}
         self.same: set[str] = set()
+        self.checked_in_place: set[str] = set()  # check programs `protect` let run in place
 
     def program_pairs(self) -> list[str]:
         """Each program copy and its original in the container, one after the other."""
@@ -242,6 +260,8 @@ class Copies:
             )
             same = in_place and said == b"same"
             paths[original] = in_place if same else f"{folder}/{name}"
+            if same:
+                self.checked_in_place.add(in_place)
         return paths
 
     def pinned(
@@ -261,7 +281,7 @@ class Copies:
     def _program_copy(self, program: PinnedProgram, original: str) -> tuple[str, bool]:
         """The container copy of a program as read at start, placed at its first use (by root,
         in PROGRAMS_DIR), and whether the original still holds the same bytes now."""
-        key = (program.path, program.content)
+        key = (program.path, program.content, original)  # each way to it compared on its own
         placed = self._programs.get(key)
         if placed is not None:
             return placed[0], placed[0] in self.same
