@@ -225,12 +225,14 @@ def sealed_copy(content: bytes, name: str) -> str:
 def sealed_fds(argv: Iterable[str]) -> tuple[int, ...]:
     """The descriptors of the sealed copies `argv` names, for its process to be given."""
     named = (entry.removeprefix(_SEALED_PREFIX) for entry in argv)
-    return tuple(sorted({int(n) for n in named if n.isdigit() and int(n) in _sealed}))
+    return tuple(
+        sorted({int(n) for n in named if n.isascii() and n.isdigit() and int(n) in _sealed})
+    )
 
 
 def drop_sealed(path: str) -> None:
     """Close a sealed copy made by `sealed_copy`."""
-    fd = int(path.removeprefix(_SEALED_PREFIX))
+    fd = int(path.removeprefix(_SEALED_PREFIX))  # made by `sealed_copy`: ASCII digits
     if fd in _sealed:
         _sealed.discard(fd)
         os.close(fd)

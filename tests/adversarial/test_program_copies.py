@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mm_batch.run.pristine import HiddenProgramError, program_entries
+from mm_batch.run.argv_programs import HiddenProgramError, program_entries
 from tests.run.scripted import answer, calls, run_tasks
 
 

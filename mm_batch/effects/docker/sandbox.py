@@ -36,6 +36,7 @@ from mm_batch.effects.docker.workspace import (
     size_bytes,
 )
 from mm_batch.effects.host import LOG_LIMIT
+from mm_batch.run.argv_programs import HiddenProgramError, program_entries
 from mm_batch.run.ports import (
     EMPTY,
     Captured,
@@ -44,7 +45,6 @@ from mm_batch.run.ports import (
     SandboxError,
     UnreadProgram,
 )
-from mm_batch.run.pristine import HiddenProgramError, program_entries
 
 # For each (path, link) pair: whether the path is still the link it was (its target, when
 # the image has `readlink`), or still nothing when `link` is empty; prints the index of the
