@@ -82,6 +82,19 @@ class Masker:
     def secrets(self) -> tuple[str, ...]:
         return self._secrets
 
+    def argv(self, argv: Sequence[str]) -> list[Masked]:
+        """Each entry masked, and every entry of a run of them that holds a secret only
+        together (`hunter two` in two entries: a report that joins them with a space would show
+        it) masked whole. A run is at most as long as a secret has words."""
+        masked = [self.text(entry) for entry in argv]
+        longest = max((len(s.split()) for s in self._secrets), default=1)
+        for size in range(2, min(longest, len(masked)) + 1):
+            for start in range(len(masked) - size + 1):
+                joined = " ".join(masked[start : start + size])
+                if self.text(joined) != joined:
+                    masked[start : start + size] = [Masked(MASK)] * size
+        return masked
+
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], extra: Iterable[str] = ()) -> Masker:
         named = (v for k, v in environ.items() if secret_name(k))
@@ -132,27 +145,36 @@ class Masker:
         pieces.append(masked[position:])
         return self.text("".join(pieces))
 
-    def data(self, value: T) -> T:
+    def data(self, value: T, *, keys: bool = True) -> T:
         """Mask the strings inside JSON-like data, its keys too (a provider's parts are its own
-        text, keys included). The copy has the value's shape: a string becomes a `Masked`
-        string, a dict a dict, a list a list and a tuple a tuple; anything else is kept as it
-        is. Two keys that mask alike keep the later value."""
+        text, keys included); with `keys` false, data sent on (the history of a request, a
+        hook's input, a cached reply replayed) keeps its structure: a key is masked only where
+        it is wholly a secret (`_key`). The
+        copy has the value's shape: a string becomes a `Masked` string, a dict a dict, a list a
+        list and a tuple a tuple; anything else is kept as it is. Two keys that mask alike keep
+        the later value."""
         if not self._secrets:
             return value
-        return cast(T, self._masked_data(value))
+        return cast(T, self._masked_data(value, keys))
 
-    def _masked_data(self, value: object) -> object:
+    def _key(self, key: object, keys: bool) -> object:
+        """A key masked, or (`keys` false) masked only where it is wholly a secret: then it is
+        the provider's text, not a name its format gives a field (`reasoning_content` stays
+        itself with a secret `reasoning`, as a role stays `assistant`)."""
+        if not isinstance(key, str):
+            return key
+        masked = self.text(key)
+        return masked if keys or masked == MASK else key
+
+    def _masked_data(self, value: object, keys: bool = True) -> object:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {
-                self.text(k) if isinstance(k, str) else k: self._masked_data(v)
-                for k, v in value.items()
-            }
+            return {self._key(k, keys): self._masked_data(v, keys) for k, v in value.items()}
         if isinstance(value, list):
-            return [self._masked_data(v) for v in value]
+            return [self._masked_data(v, keys) for v in value]
         if isinstance(value, tuple):
-            return tuple(self._masked_data(v) for v in value)
+            return tuple(self._masked_data(v, keys) for v in value)
         return value
 
     def json_text(self, value: object) -> Masked:

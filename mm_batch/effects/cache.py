@@ -222,7 +222,9 @@ class ResponseStore:
             entry = {"format": FORMAT, "key": key, "model": model, "response": completion_of(reply)}
             # A provider may echo a secret it was sent (a key in an error text): masked, as in
             # every file mm-batch writes.
-            text = json.dumps(self._masker.data(entry), ensure_ascii=True, indent=1, sort_keys=True)
+            text = json.dumps(
+                self._masker.data(entry, keys=False), ensure_ascii=True, indent=1, sort_keys=True
+            )
             if len(text) + 1 > MAX_ENTRY_BYTES:  # it could never be read back
                 self._warn("", "a model reply too large for the cache is not stored")
                 return

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
@@ -112,7 +113,7 @@ def _model_row(turn: ModelRecord) -> str:
 
 
 def _tool_row(call: ToolRecord) -> str:
-    shown_argv = " ".join(call.argv) if call.argv is not None else "(not run)"
+    shown_argv = shlex.join(call.argv) if call.argv is not None else "(not run)"
     facts = [
         f"<code>{_e(call.tool)}</code> {_e(call.outcome)}",
         *_facts(

@@ -314,7 +314,8 @@ class CallHandler:
         """Run a hook with the call as JSON on stdin: its record, and the refusal when it
         failed (a post-call hook's refusal refuses nothing: the call has run)."""
         context = self.context
-        data = json.dumps(self.masker.data(payload), ensure_ascii=True, default=str).encode()
+        sent = self.masker.data(payload, keys=False)
+        data = json.dumps(sent, ensure_ascii=True, default=str).encode()
         try:
             program = context.pristine.hook_argv(self.agent.directory, argv)
         except MissingAtStartError as exc:

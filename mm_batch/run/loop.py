@@ -275,7 +275,7 @@ class AgentLoop:
     def _assistant_message(self, reply: ModelReply) -> JsonObject:
         text = None if reply.text is None else self.masker.text(reply.text)
         # The provider's own parts go back as they came (signed thinking blocks: SPEC 6).
-        parts: JsonObject = self.masker.data(dict(reply.provider_parts))
+        parts: JsonObject = self.masker.data(dict(reply.provider_parts), keys=False)
         message: JsonObject = {**parts, "role": "assistant", "content": text}
         if reply.tool_calls:
             message["tool_calls"] = [self._call_message(c) for c in reply.tool_calls]
@@ -283,7 +283,7 @@ class AgentLoop:
 
     def _call_message(self, call: ToolCallRequest) -> JsonObject:
         """A tool call as the history holds it, with the provider's own parts of it."""
-        fields: JsonObject = self.masker.data(dict(call.provider_fields))
+        fields: JsonObject = self.masker.data(dict(call.provider_fields), keys=False)
         function = fields.get("function")
         inner: JsonObject = function if isinstance(function, dict) else {}
         return {

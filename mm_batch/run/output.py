@@ -45,7 +45,7 @@ def _stream(label: str, captured: Captured, masker: Masker) -> list[str]:
 
 
 def model_result(argv: Sequence[str], result: ExecResult, timeout: float, masker: Masker) -> str:
-    lines: list[str] = [masker.text(echo(argv))]
+    lines: list[str] = [masker.text(echo(masker.argv(argv)))]
     if result.error is not None:
         lines.append(f"could not run: {masker.text(result.error)}")
         return "\n".join(lines)

@@ -76,7 +76,7 @@ class HookRecord:
 
     def as_json(self, masker: Masker) -> JsonObject:
         return {
-            "argv": [masker.text(a) for a in self.argv],
+            "argv": _argv(masker, self.argv),
             "exit_code": self.exit_code,
             "stdout": masker.text(self.stdout),
             "stderr": masker.text(self.stderr),
@@ -118,7 +118,7 @@ class ToolRecord:
             "outcome": self.outcome,
             "reason": _text(masker, self.reason),
             "rule": self.rule,
-            "argv": None if self.argv is None else [masker.text(a) for a in self.argv],
+            "argv": None if self.argv is None else _argv(masker, self.argv),
             "where": self.where,
             "started": self.started,
             "exit_code": self.exit_code,
@@ -331,3 +331,8 @@ class RunRecorder:
     def turns(self) -> Sequence[ModelRecord]:
         with self._lock:
             return [r for r in self.records if isinstance(r, ModelRecord)]
+
+
+def _argv(masker: Masker, argv: tuple[str, ...]) -> list[JsonValue]:
+    """An argv as records keep it: each entry masked, a secret split over entries too."""
+    return [*masker.argv(argv)]

@@ -96,7 +96,7 @@ def _call_line(record: ToolRecord, masker: Masker) -> str:
     """A call as the reports list it; a non-zero exit shows the end of its stderr, masked first."""
     line = f"[{record.outcome}] {record.tool} {record.raw_arguments or ''}".rstrip()
     if record.argv is not None and record.started:
-        line += f"\n    {echo(record.argv)}  -> exit {record.exit_code}"
+        line += f"\n    {echo(masker.argv(record.argv))}  -> exit {record.exit_code}"
     if record.reason:
         line += f"\n    {record.reason}"
     line = masker.text(line)

@@ -186,3 +186,42 @@ def test_a_secret_as_a_tool_name_or_call_id_is_not_sent_back_to_the_model(
     by_id["tool_calls"][0]["id"] = SECRET
     texts = _written(tmp_path, SECRET, [by_name, by_id, text("ok")])
     assert _holding(texts, SECRET) == []
+
+
+def test_a_secret_the_model_splits_over_argv_entries_is_masked_in_every_report(
+    tmp_path: Path,
+) -> None:
+    """Two argv entries that hold a secret with a space only together (`hunter two22` as
+    `hunter` and `two22`): report.html shows argv joined, the tool result echoes it."""
+    agent = (
+        AGENT.format(extra="")
+        .replace('["python3", "emit.py", "{{mode}}"]', '["echo", "{{mode}}", "{{part}}"]')
+        .replace(
+            "      mode:", '      part: {type: string, description: "Which part."}\n      mode:'
+        )
+    )
+    assert '"{{part}}"' in agent
+    replies: list[Reply] = [tool_call("emit", {"mode": "hunter", "part": "two22"}), text("ok")]
+    texts = _written(tmp_path, "hunter two22", replies, files={"agent.yaml": agent})
+    assert any('"ran"' in t for t in texts.values())  # the call ran, its argv recorded
+    assert _holding(texts, "hunter two22") == []
+
+
+def test_a_secret_with_a_quote_is_masked_before_the_echo_quotes_it(tmp_path: Path) -> None:
+    """The echoed command is shell-quoted: `it's-secret9` becomes `'it'"'"'s-secret9'`, which
+    no longer reads as the secret. Masked first, the quoting quotes the mask."""
+    secret = "it's-secret9"
+    texts = _written(tmp_path, secret, [tool_call("emit", {"mode": secret}), text("ok")])
+    quoted = "'it'\"'\"'s-secret9'"
+    assert _holding(texts, secret) == [] and _holding(texts, quoted) == []
+
+
+def test_a_secret_inside_a_key_of_a_providers_parts_leaves_the_request_its_structure(
+    tmp_path: Path,
+) -> None:
+    """SPEC 7: masking never changes a request's structure. A secret `reasoning` (part of the
+    key `reasoning_content`) leaves that key as it is in the history sent back."""
+    reply = tool_call("emit", {"mode": "x"})
+    reply["provider_specific_fields"] = {"reasoning_content": "thought"}
+    texts = _written(tmp_path, "reasoning", [reply, text("ok")])
+    assert any("reasoning_content" in texts[k] for k in texts if k.startswith("request 1"))

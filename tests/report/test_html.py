@@ -8,6 +8,7 @@ text: a model's `<script>` stays text and never runs.
 from __future__ import annotations
 
 import re
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ def test_the_page_lists_failing_runs_first_with_everything_escaped(results: Path
     shown = loud.text()
     assert "Shout it." in shown  # the prompt
     assert "answer_contains" in shown  # the check that was not met
-    assert f"$ echo {HOSTILE}" in shown  # the argv as it ran
+    assert f"$ {shlex.join(['echo', HOSTILE])}" in shown  # the argv as it ran, shell-quoted
     assert f"{HOSTILE}\n" in shown  # its stdout, as text
     assert len(tree.find_all("script")) == 1  # only the page's own
     assert not tree.find_all("img")
