@@ -108,7 +108,7 @@ class Masker:
             return Masked(value)
         masked = self._masked(value)
         if cut:
-            tail = self._open_tail(masked)
+            tail = max(self._open_tail(masked), self._open_tail_read(masked))
             if tail:
                 masked = self._masked(masked[:-tail] + MASK)
         return Masked(masked)
@@ -296,6 +296,70 @@ class Masker:
         broken = len(text) - len(bare)
         split = max(_overlap(bare, s) for s in self._secrets) if broken else 0
         return max(whole, split + broken if split else 0)
+
+    def _tail_begin(self, view: str) -> int | None:
+        """Where, in a reading of a cut text, its end may begin a secret: the longest end that
+        begins one (in any case), with what the cut left unfinished after it; None if none."""
+        core = _finished(view)  # `&%` of `%26%23`: one begun in another
+        # Only its last characters can begin a secret (folding changes a length at most 3-fold).
+        offset = max(len(core) - 3 * max(map(len, self._folded)), 0)
+        folded, to_view = case_folded(core[offset:])
+        longest = max(_overlap(folded, s) for s in self._folded)
+        if longest:
+            return offset + to_view(len(folded) - longest, len(folded))[0]
+        return len(core) if len(core) < len(view) else None
+
+    def _open_tail_read(self, text: str) -> int:
+        """How many last characters of a cut text may begin a secret in another case or
+        through its escapes (`%53%75`, `\\u0053`, `&#x53;`, in any mix): read as `_spans`
+        reads a text, each reading's longest end that begins a secret mapped back, and an
+        escape the cut left unfinished taken with it. Only the last TAIL_WINDOW characters are
+        read: a cut is where a capture limit was reached."""
+        window = text[max(len(text) - TAIL_WINDOW, 0) :]
+        whole = _finished(window)  # `&#4` would read as a whole reference, and it may go on
+        ends = [len(window) - len(whole)]
+        # Each reading is made plainly first (most hold no secret's beginning at their end);
+        # only one that does is made again with the map back to the text.
+        # Each text is read without what the cut left unfinished at its end (`_finished`): the
+        # `&#4` of `%26%234` must not be read as a whole reference one reading deeper.
+        steps_of: list[list[tuple[re.Pattern[str], str]]] = [[], *readings(whole, _finished)]
+        for steps in steps_of:
+            view = steps[-1][1] if steps else whole
+            begin = self._tail_begin(view)
+            if begin is None:
+                continue
+            back: SpanMap = identity
+            mapped = whole
+            for way, _ in steps:
+                mapped, to_view = unescaped(_finished(mapped), way)  # read as `readings` reads
+                back = composed(back, to_view)
+            ends.append(len(window) - back(begin, len(view))[0])
+        return max(ends, default=0)
+
+
+# Where a cut text's tail is read for a secret's beginning (`Masker._open_tail_read`).
+TAIL_WINDOW = 64 * 1024
+# An escape the cut left unfinished at the very end: a backslash one (or the first half of a
+# surrogate pair, `\ud800`), a percent one (or the first bytes of a character's UTF-8, `%C3`
+# of `%C3%A9`), an HTML numeric or named reference.
+_UNFINISHED_ESCAPE = re.compile(
+    r"(?:\\(?:u[0-9a-fA-F]{0,3}|U[0-9a-fA-F]{0,7}|x[0-9a-fA-F]?)?|%[0-9a-fA-F]?"
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}(?:\\(?:u[0-9a-fA-F]{0,3})?)?"
+    r"|%[cCdD][0-9a-fA-F]|%[eE][0-9a-fA-F](?:%[89abAB][0-9a-fA-F])?"
+    r"|%[fF][0-7](?:%[89abAB][0-9a-fA-F]){0,2}"
+    r"|&(?:#[xX]?[0-9a-fA-F]*|[A-Za-z][A-Za-z0-9]*)?)\Z"
+)
+
+
+def _finished(text: str) -> str:
+    """The text without the escapes left unfinished at its end, one begun inside another too,
+    and without the U+FFFD a reading made of a character's first bytes (`%C2` read alone)."""
+    while True:
+        unfinished = _UNFINISHED_ESCAPE.search(text)
+        shorter = text[: unfinished.start()] if unfinished else text.rstrip(_REPLACEMENT)
+        if shorter == text:
+            return text
+        text = shorter
 
 
 def _overlap(text: str, secret: str, least: int = 1, end: int | None = None) -> int:

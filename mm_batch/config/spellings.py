@@ -118,16 +118,20 @@ def _character(code: int) -> str:
     return chr(code) if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else "\ufffd"
 
 
-def readings(text: str) -> Iterator[list[tuple[re.Pattern[str], str]]]:
+def readings(
+    text: str, end: Callable[[str], str] | None = None
+) -> Iterator[list[tuple[re.Pattern[str], str]]]:
     """The readings of a text's escapes, shallow ones first: each as its steps (the way read
-    and the text it made), the last step's text the reading."""
+    and the text it made), the last step's text the reading. `end`, when given, cuts each text
+    before it is read further (at its end only: what it keeps is the text's beginning)."""
+    trim = end or (lambda view: view)
     seen = {text}
     frontier: list[list[tuple[re.Pattern[str], str]]] = [[]]
     made = 0
     for _level in range(_ESCAPE_LEVELS):
         deeper: list[list[tuple[re.Pattern[str], str]]] = []
         for steps in frontier:
-            view = steps[-1][1] if steps else text
+            view = trim(steps[-1][1] if steps else text)
             for way, begins in _WAYS:
                 if made >= _MOST_READINGS or not any(c in view for c in begins):
                     continue
