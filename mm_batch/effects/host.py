@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mm_batch.config.paths import drop_sealed, link_state, sealed_copy, sealed_fds
+from mm_batch.config.paths import drop_sealed, sealed_copy, sealed_fds
 from mm_batch.effects.environment import host_environment, service_environment
 from mm_batch.effects.watchdog import Watchdog, current_watchdog
 from mm_batch.run.ports import EMPTY, Captured, ExecResult, PinnedProgram, UnreadProgram
+from mm_batch.run.pristine import changed_here
 
 LOG_LIMIT = 1024 * 1024  # bytes of each stream kept for the call log
 KILL_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this
@@ -116,7 +117,7 @@ class HostExecutor:
         self, workdir: Path, unread: Sequence[UnreadProgram], *, check: bool = False
     ) -> UnreadProgram | None:
         """The host's files are the agent's folder itself: looked at in place."""
-        return next((p for p in unread if link_state(workdir / p.entry) != p.link), None)
+        return changed_here(workdir, unread)
 
     def execute_check(
         self, argv: Sequence[str], workdir: Path, timeout: float, cancel: threading.Event | None

@@ -112,6 +112,12 @@ def _hops(directory: Path, entry: str, top: Path) -> tuple[UnreadProgram, ...]:
     return tuple(hops)
 
 
+def changed_here(directory: Path, unread: Sequence[UnreadProgram]) -> UnreadProgram | None:
+    """The first of `unread` that is no longer what it was at start in this process's own
+    view of `directory` (where hooks, and the host's commands, run)."""
+    return next((p for p in unread if link_state(directory / p.entry) != p.link), None)
+
+
 class MissingAtStartError(Exception):
     """A program (a tool's, a hook's, a check's) of the agent's folder cannot run as what was
     there at start: nothing was, something else is there now, or it cannot be told."""
@@ -233,9 +239,9 @@ class Pristine:
         """A hook's argv, each entry that named one of the agent's files at start swapped for
         its copy. Raises MissingAtStartError for a program of the folder that is not what was
         there at start (hooks run on the host: it is looked at here)."""
-        for program in self._unread(directory, argv):
-            if link_state(directory / program.entry) != program.link:
-                raise MissingAtStartError(program.refusal())
+        moved = changed_here(directory, self._unread(directory, argv))
+        if moved is not None:
+            raise MissingAtStartError(moved.refusal())
         swapped = []
         for entry in argv:
             path = self.named.get((directory, entry))

@@ -41,8 +41,6 @@ PROGRAMS_BYTES = 32 * 1024 * 1024
 WRITABLE = ("/tmp", "/dev", str(WORKSPACE), "/proc", "/sys", CHECK_DIR, PROGRAMS_DIR)
 _PAGE = 4096
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-# As root: place one program copy ($1 folder, $2 name, content on stdin), then say whether the
-# original ($3) still holds the same bytes.
 # Whether no part of a path below the workspace is a link ($1): only then is an original
 # compared with its copy, as whatever looks at it and whatever runs it reach the same file
 # (a link to /proc/self/cwd/... leads each to its own working directory).
@@ -56,6 +54,8 @@ plain() {
   return 0
 }
 """.replace("@WORKSPACE@", str(WORKSPACE))
+# As root: place one program copy ($1 folder, $2 name, content on stdin), then say whether the
+# original ($3) still holds the same bytes.
 _PLACE = (
     PLAIN
     + r"""
@@ -226,8 +226,9 @@ class Copies:
         self._engine = engine
         self._agent_dir = agent_dir
         self._check_user = check_user  # Users.check
-        # Program copies placed in the container: (file at start, content) -> (copy, original
-        # in the container); and which copies the originals still equalled at the last look.
+        # Program copies placed in the container: (file at start, content, the way to it in
+        # the container) -> (copy, that way); and which copies the originals still equalled at
+        # the last look.
         self._programs: dict[tuple[Path, bytes, str], tuple[str, str]] = {}
         self.same: set[str] = set()
         self.checked_in_place: set[str] = set()  # check programs `protect` let run in place
