@@ -62,12 +62,62 @@ def prompt_dir() -> Path:
     return cache_dir() / "prompts"
 
 
+# Saved prompts of one model kept in the cache (the newest; each is 15-40 MB): a build used now
+# and the one before it, say the prebuilt server and the source build run in turn.
+SAVED_PROMPTS_KEPT = 2
+
+
 def prompt_name(model: LocalModel, server: ServerBuild) -> str:
     """The saved prompt's file name: one per model and server build, so that no build loads a
-    state another build saved (the layout or the numbers could differ)."""
-    build = server.build.stat()
-    tag = hashlib.sha256(f"{build.st_size}-{build.st_mtime_ns}".encode()).hexdigest()[:12]
-    return f"{model.name}-{model.sha256[:12]}-{tag}.bin"
+    state another build saved (the layout or the numbers could differ). A build a package
+    installed is named by the digest pip recorded for it: the same build installed again (a
+    CI job's new virtualenv) loads what the last one saved. Another (a binary of one's own) is
+    named by its size and time."""
+    identity = _recorded_digest(server.build)
+    if identity is None:
+        build = server.build.stat()
+        identity = f"{build.st_size}-{build.st_mtime_ns}"
+    tag = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return f"{_prompt_stem(model)}-{tag}.bin"
+
+
+def _prompt_stem(model: LocalModel) -> str:
+    return f"{model.name}-{model.sha256[:12]}"
+
+
+def _recorded_digest(build: Path) -> str | None:
+    """The `sha256=...` that the RECORD of the package holding `build` lists for it (the
+    package's folder beside its `<name>-<version>.dist-info`, as pip installs both); None when
+    no package recorded it."""
+    for top in list(build.parents)[:4]:
+        for record in top.parent.glob(f"{top.name}-*.dist-info/RECORD"):
+            entry = build.relative_to(top.parent).as_posix() + ","
+            try:
+                lines = record.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError):
+                return None
+            for line in lines:
+                digest = line.removeprefix(entry).split(",")[0]
+                if line.startswith(entry) and digest.startswith("sha256="):
+                    return digest
+    return None
+
+
+def prune_prompts(model: LocalModel) -> None:
+    """Remove the saved prompts of `model` beyond the `SAVED_PROMPTS_KEPT` newest: those of
+    builds no longer installed would stay for ever. Never fails a run."""
+    try:
+        saved = sorted(
+            (
+                (path.stat().st_mtime_ns, path)
+                for path in prompt_dir().glob(f"{_prompt_stem(model)}-*.bin")
+            ),
+            reverse=True,
+        )
+        for _, old in saved[SAVED_PROMPTS_KEPT:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return
 
 
 def _verified_marker(model: LocalModel) -> Path:

@@ -23,6 +23,7 @@ from mm_batch.effects.gguf import (
     ServerBuild,
     prompt_dir,
     prompt_name,
+    prune_prompts,
     server_build,
 )
 from mm_batch.effects.host import start_service, stop_service
@@ -201,6 +202,7 @@ class LlamaServer:
                 if saved:
                     with contextlib.suppress(OSError):  # the run's end never fails on a cache
                         os.replace(partial, prompt_dir() / self.prompt_file)
+                    prune_prompts(self.model)
                 if saved != 0:  # saved, or the server no longer answers
                     return
             finally:

@@ -384,6 +384,61 @@ def test_a_prompt_saved_by_another_build_or_model_is_not_loaded(
     assert _restored(tmp_path) == []
 
 
+def _installed(site: Path, package: str, digest: str) -> ServerBuild:
+    """A server binary as a package installs it: `site/<package>/bin/llama-server`, and the
+    package's RECORD (beside it in its dist-info) listing the binary's digest."""
+    binary = site / package / "bin" / "llama-server"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text("#!/bin/sh\n")
+    record = site / f"{package}-1.0.dist-info" / "RECORD"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    other = f"{package}/__init__.py,sha256=AAAA,0\n"
+    record.write_text(f"{other}{package}/bin/llama-server,sha256={digest},10\n")
+    return ServerBuild((str(binary),), binary, "test")
+
+
+def test_the_same_build_installed_again_loads_what_it_saved(tmp_path: Path) -> None:
+    """A CI job installs the server into a new virtualenv each time: the file's time changes,
+    the build does not. Its saved prompt is named by the digest the package recorded."""
+    model = CATALOG[SMALL.removeprefix("local/")]
+    first = _installed(tmp_path / "a", "llama_pkg", "pLfJ")
+    again = _installed(tmp_path / "b", "llama_pkg", "pLfJ")  # written later: another time
+    os.utime(again.build, ns=(1, 1))
+    assert prompt_name(model, first) == prompt_name(model, again)
+    rebuilt = _installed(tmp_path / "c", "llama_pkg", "Zq9w")
+    assert prompt_name(model, rebuilt) != prompt_name(model, first)
+    # Without a record (a binary of one's own), its size and time name it.
+    own = tmp_path / "own" / "llama-server"
+    own.parent.mkdir()
+    own.write_text("#!/bin/sh\n")
+    alone = ServerBuild((str(own),), own, "own")
+    named = prompt_name(model, alone)
+    os.utime(own, ns=(2, 2))
+    assert prompt_name(model, alone) != named
+
+
+def test_saved_prompts_of_old_builds_do_not_pile_up(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    model = CATALOG[SMALL.removeprefix("local/")]
+    prompt_dir().mkdir(parents=True)
+    stem = _saved(SMALL, tmp_path / "llama-server").name.rsplit("-", 1)[0]
+    olds = [prompt_dir() / f"{stem}-old{n}.bin" for n in range(4)]
+    for n, old in enumerate(olds):
+        old.write_text("{}")
+        os.utime(old, ns=(n + 1, n + 1))  # old3 the newest of them
+    others = prompt_dir() / f"{CATALOG[LARGE.removeprefix('local/')].name}-x-old.bin"
+    others.write_text("{}")
+    os.utime(others, ns=(1, 1))
+    local = local_effects(SMALL)
+    local.complete(SMALL)
+    local.effects.shutdown()
+    saved = _saved(SMALL, tmp_path / "llama-server")
+    left = sorted(p.name for p in prompt_dir().iterdir())
+    assert left == sorted([saved.name, olds[3].name, others.name])
+    assert model.name in saved.name
+
+
 def test_a_prompt_the_server_cannot_load_leaves_the_slots_empty(
     local_effects: Callable[..., _Local], tmp_path: Path
 ) -> None:
