@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
 
 
 def project_server() -> MCPServer:
@@ -44,6 +45,28 @@ def project_server() -> MCPServer:
     def status() -> str:
         """Clashes with a declared tool of the same exposed name."""
         return "from MCP"
+
+    return server
+
+
+class Label(BaseModel):
+    key: str
+    value: str
+
+
+def catalog_server() -> MCPServer:
+    """A server whose tool takes an array, and an array of objects (a nested model: pydantic
+    writes its schema as a reference to the input schema's `$defs`)."""
+    server = MCPServer("cat")
+    calls: list[tuple[str, dict[str, object]]] = []
+    server.calls = calls  # type: ignore[attr-defined]
+
+    @server.tool()
+    def tag(names: list[str], labels: list[Label] | None = None) -> str:
+        """Tag the named images."""
+        given = [label.model_dump() for label in labels or []]
+        calls.append(("tag", {"names": names, "labels": given}))
+        return "tagged " + ", ".join(names)
 
     return server
 

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from mm_batch.run.toolbox import skill_answer
 from mm_batch.testing.fake_openai import FakeOpenAI, by_prompt, text, tool_call
 from tests.helpers import Cli, CliResult, Fake, model_args, read_calls, write
-from tests.mcp_server import project_server, serve
+from tests.mcp_server import catalog_server, project_server, serve
 
 
 def run(cli: Cli, directory: Path, fake: FakeOpenAI, *extra: str) -> tuple[CliResult, list[Any]]:
@@ -326,6 +327,55 @@ def test_mcp_tools_listed_called_and_judged(
         ("release", {"version": "1.4.2", "channel": "beta"}),
         ("scale", {"replicas": 3, "dry_run": False}),
     ]
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref"] + _refs(list(node.values()))
+    return [r for item in node for r in _refs(item)] if isinstance(node, list) else []
+
+
+def test_an_mcp_array_parameter_is_sent_as_json_schema_and_judged_as_an_array(
+    cli: Cli, fake_model: Fake, tmp_path: Path
+) -> None:
+    """An array parameter reaches the model as JSON Schema (a provider refuses a tool whose
+    schema is not), and a task's expected list for it is the array, in order."""
+    server = catalog_server()
+    with serve(server) as url:
+        write(tmp_path, "agent.yaml", f'yolo: true\nmcp: [{{name: cat, url: "{url}"}}]\n')
+        expect = "{calls: [{tool: cat_tag, args: {names: [web, db]}}]}"
+        tasks = "".join(
+            f"  - {{id: {name}, prompt: {name}, expect: {expect}}}\n"
+            for name in ("tag", "swap", "one")
+        )
+        write(tmp_path, "tasks.yaml", f"agent: agent.yaml\ntasks:\n{tasks}")
+        label = {"key": "tier", "value": "front"}
+        fake = fake_model(
+            by_prompt(
+                {
+                    "tag": [
+                        tool_call("cat_tag", {"names": ["web", "db"], "labels": [label]}),
+                        text("ok"),
+                    ],
+                    "swap": [tool_call("cat_tag", {"names": ["db", "web"]}), text("ok")],
+                    "one": [tool_call("cat_tag", {"names": ["web"]}), text("ok")],
+                }
+            )
+        )
+        result, records = run(cli, tmp_path, fake, "--jobs", "1")
+    assert result.code == 1, result.err
+    [tool] = fake.requests[0]["tools"]
+    parameters = tool["function"]["parameters"]
+    Draft202012Validator.check_schema(parameters)
+    names = parameters["properties"]["names"]
+    assert (names["type"], names["items"]) == ("array", {"type": "string"})
+    assert "- names (array, required)" in tool["function"]["description"]
+    assert _refs(parameters) == [], "a reference to $defs the parameters do not hold"
+    labels = json.dumps(parameters["properties"]["labels"])
+    assert '"key"' in labels and '"value"' in labels  # the nested model, written out
+    status = {r["task"]: r["status"] for r in records if r["kind"] == "task"}
+    assert status == {"tag": "passed", "swap": "failed", "one": "failed"}
+    assert server.calls[0] == ("tag", {"names": ["web", "db"], "labels": [label]})
 
 
 def test_mcp_timeout_is_answered(

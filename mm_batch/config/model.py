@@ -65,6 +65,10 @@ class ParamSpec:
     enum: tuple[Value, ...] | None = None
     default: Value | None = None
     allow_dash: bool = False
+    # For a parameter of type "json" (an MCP tool's array, object or union): the JSON Schema of
+    # its values as the server gave it, less what is said in text (description, enum,
+    # default); the model is sent it as the parameter's type.
+    schema: JsonObject | None = None
 
 
 @dataclass(frozen=True)

@@ -63,11 +63,15 @@ class CheckRun:
 
 def _args_match(want: CallExpectation, actual: Mapping[str, JsonValue]) -> bool:
     """Whether a call's coerced arguments hold the expected values, compared type-exactly (in
-    Python `True == 1 == 1.0`, also inside an MCP tool's objects); a list: any one of these."""
+    Python `True == 1 == 1.0`, also inside an MCP tool's objects); a list: any one of these,
+    or, where the call sent an array (an MCP tool's array parameter), that array, in order:
+    no array is one of a list's scalars."""
     for key, expected in (want.args or {}).items():
         if key not in actual:
             return False
         choices = expected.values if isinstance(expected, AnyOf) else (expected,)
+        if isinstance(expected, AnyOf) and isinstance(actual[key], list):
+            choices = (list(expected.values),)
         numeric = key in want.numbers
         if not any(same_value(actual[key], choice, numeric) for choice in choices):
             return False

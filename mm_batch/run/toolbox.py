@@ -13,7 +13,7 @@ from typing import Literal
 
 from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
 from mm_batch.config.secrets import Masker
-from mm_batch.jsontypes import JsonObject
+from mm_batch.jsontypes import JsonObject, JsonValue
 from mm_batch.run.ports import McpTool
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
 from mm_batch.tools.schema import model_schema
@@ -83,9 +83,43 @@ def read_skill_tool(agent: AgentConfig) -> ToolSpec:
     )
 
 
+# What a parameter's schema says in words, sent in its description instead (SPEC 2).
+_SAID_IN_TEXT = frozenset({"description", "title", "enum", "default", "examples"})
+
+
+# How deep references to the input schema's `$defs` are followed (a recursive model's schema
+# refers to itself): below it, any value.
+_REF_DEPTH = 8
+
+
+def _value_schema(prop: JsonObject, defs: object) -> JsonObject:
+    """An MCP parameter's schema of values (its `type`, `items`, `properties`...): what the
+    model is sent as the type of an array, object or union parameter. References to the input
+    schema's `$defs` (how pydantic writes nested models) are written out: the parameter's
+    schema is sent without the root they point into."""
+    own = {key: value for key, value in prop.items() if key not in _SAID_IN_TEXT}
+    inlined = _inline_refs(own, defs if isinstance(defs, dict) else {}, _REF_DEPTH)
+    return inlined if isinstance(inlined, dict) else {}
+
+
+def _inline_refs(node: JsonValue, defs: JsonObject, depth: int) -> JsonValue:
+    if isinstance(node, list):
+        return [_inline_refs(item, defs, depth) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        target = defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else None
+        if depth == 0 or not isinstance(target, dict):
+            return {}  # any value: better than a reference to nothing
+        return _inline_refs(target, defs, depth - 1)
+    return {k: _inline_refs(v, defs, depth) for k, v in node.items() if k != "$defs"}
+
+
 def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
     """An MCP tool as the model sees it: its schema's properties, required ones marked."""
     properties = tool.input_schema.get("properties")
+    defs = tool.input_schema.get("$defs")
     listed = tool.input_schema.get("required")
     required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
     params = []
@@ -94,15 +128,17 @@ def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
         enum = prop.get("enum")
         # A null among the allowed values is no value a call can send (null is absent).
         allowed = [v for v in enum if v is not None] if isinstance(enum, list) else []
+        kind = _SCHEMA_TYPES.get(str(prop.get("type")), "json")
         params.append(
             ParamSpec(
                 name=name,
-                type=_SCHEMA_TYPES.get(str(prop.get("type")), "json"),
+                type=kind,
                 description=str(prop.get("description") or prop.get("title") or ""),
                 required=name in required,
                 enum=tuple(allowed) if allowed else None,
                 default=prop.get("default"),
                 allow_dash=True,  # no argv: an MCP value cannot become an option
+                schema=_value_schema(prop, defs) if kind == "json" else None,
             )
         )
     return ToolSpec(

@@ -10,8 +10,17 @@ from mm_batch.jsontypes import JsonObject
 CLOSING_SENTENCE = "Give each parameter as its own field."
 
 
+def _type_word(param: ParamSpec) -> str:
+    """A parameter's type as the text says it: JSON Schema's word ("array", "object") for an
+    MCP parameter of mm-batch's type "json", never "json"."""
+    if param.type != "json":
+        return param.type
+    named = (param.schema or {}).get("type")
+    return named if isinstance(named, str) else "any JSON value"
+
+
 def _param_facts(param: ParamSpec) -> list[str]:
-    facts = [param.type, "required" if param.required else "optional"]
+    facts = [_type_word(param), "required" if param.required else "optional"]
     if param.enum is not None:
         facts.append("one of: " + ", ".join(render_value(v) for v in param.enum))
     if param.default is not None:
@@ -42,12 +51,20 @@ def tool_description(tool: ToolSpec) -> str:
     return "\n".join(lines)
 
 
+def _type_schema(param: ParamSpec) -> JsonObject:
+    """The JSON Schema of a parameter's type: a scalar's name, or an MCP parameter's own schema
+    of values (none: any JSON value). "json" is mm-batch's word, never JSON Schema's."""
+    if param.type == "json":
+        return dict(param.schema or {})
+    return {"type": param.type}
+
+
 def model_schema(tool: ToolSpec, masker: Masker = NO_SECRETS) -> JsonObject:
     """The OpenAI tool entry: types and descriptions only, never `required` or `enum` keywords.
     The descriptions are masked by `masker` (a secret can stand in one, where a parameter's
     example is written); names and types are structure, never touched."""
     properties: JsonObject = {
-        p.name: {"type": p.type, "description": masker.text(_property_description(p))}
+        p.name: {**_type_schema(p), "description": masker.text(_property_description(p))}
         for p in tool.params
     }
     return {
