@@ -88,8 +88,11 @@ _SAID_IN_TEXT = frozenset({"description", "title", "enum", "default", "examples"
 
 
 # How deep references to the input schema's `$defs` are followed (a recursive model's schema
-# refers to itself): below it, any value.
+# refers to itself), and how many a parameter's schema may write out in all (a hostile
+# server's schema could refer to itself several times a level: written out, it would grow
+# exponentially): past either, any value.
 _REF_DEPTH = 8
+_REFS_WRITTEN = 64
 
 
 def _value_schema(prop: JsonObject, defs: object) -> JsonObject:
@@ -98,22 +101,26 @@ def _value_schema(prop: JsonObject, defs: object) -> JsonObject:
     schema's `$defs` (how pydantic writes nested models) are written out: the parameter's
     schema is sent without the root they point into."""
     own = {key: value for key, value in prop.items() if key not in _SAID_IN_TEXT}
-    inlined = _inline_refs(own, defs if isinstance(defs, dict) else {}, _REF_DEPTH)
+    written = [_REFS_WRITTEN]
+    inlined = _inline_refs(own, defs if isinstance(defs, dict) else {}, _REF_DEPTH, written)
     return inlined if isinstance(inlined, dict) else {}
 
 
-def _inline_refs(node: JsonValue, defs: JsonObject, depth: int) -> JsonValue:
+def _inline_refs(node: JsonValue, defs: JsonObject, depth: int, left: list[int]) -> JsonValue:
+    """`node` with its `$defs` references written out, `depth` levels deep and `left[0]` in
+    all; a reference past either, or to nothing, is any value."""
     if isinstance(node, list):
-        return [_inline_refs(item, defs, depth) for item in node]
+        return [_inline_refs(item, defs, depth, left) for item in node]
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
     if isinstance(ref, str):
         target = defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else None
-        if depth == 0 or not isinstance(target, dict):
+        if depth == 0 or left[0] <= 0 or not isinstance(target, dict):
             return {}  # any value: better than a reference to nothing
-        return _inline_refs(target, defs, depth - 1)
-    return {k: _inline_refs(v, defs, depth) for k, v in node.items() if k != "$defs"}
+        left[0] -= 1
+        return _inline_refs(target, defs, depth - 1, left)
+    return {k: _inline_refs(v, defs, depth, left) for k, v in node.items() if k != "$defs"}
 
 
 def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
