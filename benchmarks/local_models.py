@@ -17,8 +17,12 @@ imported through its own PYTHONPATH, on the same example files), then on this ch
 
 `--model-option KEY=VALUE` is passed on to `mm-batch run` (e.g. `call_grammar=off`).
 
+`--cold` removes the local models' saved prompts (the mm-batch cache's `prompts/`) before each
+run, so that each server starts as on a machine's first run; the wall column then shows what
+the agent's prompt costs computed cold.
+
 Run: python benchmarks/local_models.py [--repeat N] [--model local/...] [--rescue on|off]
-     [--matrix [--tasks N]] [--compare REF] [--model-option KEY=VALUE]
+     [--matrix [--tasks N]] [--compare REF] [--model-option KEY=VALUE] [--cold]
 """
 
 from __future__ import annotations
@@ -57,8 +61,21 @@ def _cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(code: Path, tasks: Path, out: Path, args: Sequence[str]) -> tuple[float, float]:
-    """`mm-batch run` of the code in `code` as its own process; its wall and CPU seconds."""
+def _forget_prompts() -> None:
+    """Remove the saved prompts of every local model: the next server starts cold."""
+    from mm_batch.effects.gguf import prompt_dir
+
+    for saved in prompt_dir().glob("*.bin"):
+        saved.unlink(missing_ok=True)
+
+
+def _run(
+    code: Path, tasks: Path, out: Path, args: Sequence[str], cold: bool = False
+) -> tuple[float, float]:
+    """`mm-batch run` of the code in `code` as its own process; its wall and CPU seconds;
+    `cold`: without the saved prompts."""
+    if cold:
+        _forget_prompts()
     env = {**os.environ, "PYTHONPATH": str(code)}
     cpu = _cpu_of_children()
     started = time.monotonic()
@@ -77,15 +94,21 @@ def _records(out: Path) -> list[dict[str, object]]:
 
 
 def measure(
-    code: Path, model: str, rescue: bool, repeat: int, work: Path, options: Sequence[str] = ()
-) -> tuple[int, int, float, float, float, float]:
+    code: Path,
+    model: str,
+    rescue: bool,
+    repeat: int,
+    work: Path,
+    options: Sequence[str] = (),
+    cold: bool = False,
+) -> tuple[int, int, float, float, float, float, float]:
     example = _example(work, f"release-{model.rsplit('/', 1)[1]}-{rescue}")
     out = example / "out"
     args = ["--model", model, "--repeat", str(repeat)]
     args += ["--model-option", f"recover_text_tool_calls={'true' if rescue else 'false'}"]
     for option in options:
         args += ["--model-option", option]
-    _wall, cpu = _run(code, example / "tasks.yaml", out, args)
+    wall, cpu = _run(code, example / "tasks.yaml", out, args, cold)
     records = _records(out)
     tasks = [r for r in records if r["kind"] == "task"]
     turns = sum(r["kind"] == "model" for r in records)
@@ -94,10 +117,11 @@ def measure(
     )
     passed = sum(r["status"] == "passed" for r in tasks)
     mean_s = sum(float(str(r["duration_s"])) for r in tasks) / len(tasks)
-    return passed, len(tasks), mean_s, turns / len(tasks), cpu / len(tasks), written / len(tasks)
+    per_task = (turns / len(tasks), cpu / len(tasks), written / len(tasks))
+    return passed, len(tasks), mean_s, *per_task, wall
 
 
-def matrix(code: Path, tasks: int, work: Path) -> None:
+def matrix(code: Path, tasks: int, work: Path, cold: bool = False) -> None:
     """Both local models in one run, then each alone: walls, passes and the ratio."""
     walls: dict[str, float] = {}
     for label, models in (("both", MODELS), *((m, (m,)) for m in MODELS)):
@@ -108,7 +132,7 @@ def matrix(code: Path, tasks: int, work: Path) -> None:
             args += ["--model", model]
         if tasks < 10:
             _keep_first(example / "matrix.yaml", tasks)
-        walls[label], cpu = _run(code, example / "matrix.yaml", out, args)
+        walls[label], cpu = _run(code, example / "matrix.yaml", out, args, cold)
         runs = [r for r in _records(out) if r["kind"] == "task"]
         passed = sum(r["status"] == "passed" for r in runs)
         print(
@@ -136,19 +160,20 @@ def table(
     repeat: int,
     work: Path,
     options: Sequence[str] = (),
+    cold: bool = False,
 ) -> None:
     print(
         f"  {'model':26} {'rescue':6} {'passes/runs':>11} {'mean s/task':>11} "
-        f"{'turns/task':>10} {'CPU s/task':>10} {'tokens out/task':>15}"
+        f"{'turns/task':>10} {'CPU s/task':>10} {'tokens out/task':>15} {'wall s':>7}"
     )
     for model in models:
         for rescue in rescues:
-            passed, runs, mean_s, turns, cpu, written = measure(
-                code, model, rescue, repeat, work, options
+            passed, runs, mean_s, turns, cpu, written, wall = measure(
+                code, model, rescue, repeat, work, options, cold
             )
             print(
                 f"  {model:26} {'on' if rescue else 'off':6} {f'{passed}/{runs}':>11} "
-                f"{mean_s:11.1f} {turns:10.1f} {cpu:10.1f} {written:15.1f}",
+                f"{mean_s:11.1f} {turns:10.1f} {cpu:10.1f} {written:15.1f} {wall:7.1f}",
                 flush=True,
             )
 
@@ -183,6 +208,7 @@ def main() -> int:
     parser.add_argument(
         "--model-option", action="append", default=[], metavar="KEY=VALUE", help="passed on"
     )
+    parser.add_argument("--cold", action="store_true", help="no saved prompts: cold servers")
     options = parser.parse_args()
     rescues = (True, False) if options.rescue is None else (options.rescue == "on",)
     with tempfile.TemporaryDirectory(prefix="mm-batch-bench-") as tmp:
@@ -195,7 +221,7 @@ def main() -> int:
             print(f"{label}:", flush=True)
             with code_cm as code:
                 if options.matrix:
-                    matrix(code, options.tasks, work / label.replace(" ", "-"))
+                    matrix(code, options.tasks, work / label.replace(" ", "-"), options.cold)
                 else:
                     table(
                         code,
@@ -204,6 +230,7 @@ def main() -> int:
                         options.repeat,
                         work / label.replace(" ", "-"),
                         options.model_option,
+                        options.cold,
                     )
     return 0
 

@@ -340,7 +340,7 @@ def test_an_mcp_array_parameter_is_sent_as_json_schema_and_judged_as_an_array(
 ) -> None:
     """An array parameter reaches the model as JSON Schema (a provider refuses a tool whose
     schema is not), and a task's expected list for it is the array, in order."""
-    server = catalog_server()
+    server: Any = catalog_server()  # with the calls it got (`calls`)
     with serve(server) as url:
         write(tmp_path, "agent.yaml", f'yolo: true\nmcp: [{{name: cat, url: "{url}"}}]\n')
         expect = "{calls: [{tool: cat_tag, args: {names: [web, db]}}]}"

@@ -13,7 +13,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from mm_batch.config.local_catalog import LocalModel
@@ -64,6 +66,35 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass(eq=False)
+class SlotLease:
+    """A run's slot of its server (None: every slot is held, the server chooses one), held
+    while the lease lives: as long as the run's client."""
+
+    slot: int | None
+
+
+class SlotLeases:
+    """Which slot of a server each run's conversation lives in. llama-server gives a request
+    the idle slot whose cached prompt shares most with it, and its slots share no cache: a
+    run's second turn could land in the slot another run's first turn had just taken over,
+    and compute again what it had computed (and the other run lose its own). So each run
+    holds one slot for as long as its client lives, and asks for it by number."""
+
+    def __init__(self, count: int) -> None:
+        self._held: list[weakref.ref[SlotLease] | None] = [None] * count
+        self._lock = threading.Lock()
+
+    def lease(self) -> SlotLease:
+        with self._lock:
+            for slot, held in enumerate(self._held):
+                if held is None or held() is None:
+                    lease = SlotLease(slot)
+                    self._held[slot] = weakref.ref(lease)
+                    return lease
+        return SlotLease(None)
+
+
 class LlamaServer:
     """One llama-server process, with as many slots as the run has parallel jobs for it."""
 
@@ -71,6 +102,7 @@ class LlamaServer:
         """`server` from check_installed, `gguf` from ensure_gguf: resolved once, before runs."""
         self.model = model
         self.slots = max(1, slots)
+        self.leases = SlotLeases(self.slots)
         self.server = server
         self.gguf = gguf
         self.port = 0
@@ -188,6 +220,23 @@ class LlamaServer:
             if self._slot_file(slot, "restore", self.prompt_file) is None:
                 return
 
+    def share(self, slot: int) -> None:
+        """Copy `slot`'s prompt into every other slot, through a file of the prompts folder
+        (milliseconds): the first request computed the agent's system prompt and tools, and
+        the other runs' first requests find them in their own slots instead of each computing
+        them again (slots share no cache). Without the folder, or where the server refuses,
+        each slot computes its own, as before."""
+        if self.slots < 2 or not prompt_dir().is_dir():
+            return
+        shared = prompt_dir() / f"{self.prompt_file}.{os.getpid()}-shared.part"
+        try:
+            if self._slot_file(slot, "save", shared.name):
+                for other in range(self.slots):
+                    if other != slot:
+                        self._slot_file(other, "restore", shared.name)
+        finally:
+            shared.unlink(missing_ok=True)
+
     def _save_prompt(self) -> None:
         """Save the prompt of the first idle slot that holds one, for the next run's server.
         A busy slot (a run stopped mid-turn) is not asked: its save would wait for the turn.
@@ -257,9 +306,9 @@ class CpuTurns:
     turn goes to the server that has waited longest, with all of its waiting requests. So no
     server waits for more than one turn of each other server.
 
-    A server's first request runs alone: the runs of one agent share the system prompt and
-    tools, and the requests after the first find that prefix in the server's prompt cache
-    instead of each computing it at once."""
+    A server's first request runs alone until its prompt is computed and copied into every
+    slot (`warmed`): the runs of one agent share the system prompt and tools, and the requests
+    after the first find them in their slots instead of each computing them at once."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -289,6 +338,25 @@ class CpuTurns:
                     return False
                 self._cond.wait(left)
             return True
+
+    def warm(self, server: str) -> bool:
+        """Whether `server` has a request's prompt computed: false for its first request."""
+        with self._cond:
+            return server in self._warm
+
+    def warmed(self, server: str) -> None:
+        """`server`'s first request has its prompt computed: the requests that wait for it run
+        beside it now (unless another server waits for the turn: then they wait their turn)."""
+        with self._cond:
+            self._warm.add(server)
+            if self._owner != server or not self._queue or self._queue[0] != server:
+                return
+            tickets = self._waiting.pop(server)
+            self._queue.popleft()
+            for ticket in tickets:
+                ticket.admitted = True
+            self._active += len(tickets)
+            self._cond.notify_all()
 
     def release(self, server: str) -> None:
         """The end of one request of `server`: the last one hands the turn on."""

@@ -2,7 +2,8 @@
 `/chat/completions` endpoint with the standard library's HTTP client. litellm is never imported
 for it (its import was most of a local run's start-up and memory), yet a turn is asked, retried,
 bounded and recorded as `LiteLLMClient` does it (`effects.model_calls` is that shared part), and
-the server is sent the request litellm sent it.
+the server is sent the request litellm sent it, with the slot the run holds (`id_slot`,
+llama-server's own field).
 
 With a `CallGrammar` (mm-batch's own server), a turn that offers tools is asked natively
 instead: the prompt rendered by the model's own template with the tools as it lists them
@@ -312,8 +313,10 @@ class LlamaClient:
         timeout: float = DEFAULT_MODEL_TIMEOUT_S,
         retries: Retries = DEFAULT_RETRIES,
         grammar: CallGrammar | None = None,
+        slot: int | None = None,
     ) -> None:
-        """`model`: the name the server is asked for (as litellm sends it: no provider)."""
+        """`model`: the name the server is asked for (as litellm sends it: no provider);
+        `slot`: the server's slot every request of this client asks for (None: any)."""
         self.url = urllib.parse.urlsplit(api_base.rstrip("/") + "/chat/completions")
         # llama-server's native endpoints are beside /v1, at the server's root.
         root = api_base.rstrip("/").removesuffix("/v1")
@@ -327,13 +330,16 @@ class LlamaClient:
         self.masker = masker  # a server's error may quote a secret: masked where it enters
         self.timeout = timeout
         self.retries = retries
+        # llama-server's own field: not litellm's request, so not what a response cache keys.
+        self._slot: dict[str, object] = {} if slot is None else {"id_slot": slot}
 
     def complete(self, messages: Messages, tools: ToolSchemas, timeout: float) -> ModelReply:
         """One model turn, retried on transient errors; nothing outlives `timeout` seconds."""
         started = time.monotonic()
         if tools and self.grammar is not None:
             return self._bound(messages, tools, started + timeout, started)
-        body = json.dumps(request_body(self.model, messages, tools, self.options)).encode()
+        chat = {**request_body(self.model, messages, tools, self.options), **self._slot}
+        body = json.dumps(chat).encode()
         response, attempt = ask(
             lambda call_timeout: post_json(self.url, body, call_timeout),
             call_timeout=self.timeout,
@@ -344,6 +350,33 @@ class LlamaClient:
         )
         return reply_of(response, time.monotonic() - started, attempt, cached=False)
 
+    def prefill(self, messages: Messages, tools: ToolSchemas, timeout: float) -> bool:
+        """Have the server compute the prompt of this turn into the client's slot, and
+        generate nothing: one try, whether it worked (the turn itself, asked next, says what
+        went wrong). The turn then finds its whole prompt in the slot."""
+        try:
+            if tools and self.grammar is not None:
+                prompt = self._rendered(messages, tools, timeout)
+                body = {"prompt": prompt, "n_predict": 0, "cache_prompt": True, **self._slot}
+                post_json(self.completion_url, json.dumps(body).encode(), timeout)
+            else:
+                chat = request_body(self.model, messages, tools, self.options)
+                chat.pop("max_completion_tokens", None)
+                chat.update(max_tokens=0, **self._slot)
+                post_json(self.url, json.dumps(chat).encode(), timeout)
+        except (OSError, ServerStatusError, MalformedReplyError):
+            return False
+        return True
+
+    def _rendered(self, messages: Messages, tools: ToolSchemas, timeout: float) -> str:
+        """The turn's prompt, rendered by the model's own template with the tools."""
+        chat = request_body(self.model, messages, tools, {})
+        rendering = json.dumps({"messages": chat["messages"], "tools": tools}).encode()
+        prompt = field(post_json(self.template_url, rendering, timeout), "prompt")
+        if not isinstance(prompt, str):
+            raise MalformedReplyError("a rendered prompt without its text")
+        return prompt
+
     def _bound(
         self, messages: Messages, tools: ToolSchemas, deadline: float, started: float
     ) -> ModelReply:
@@ -351,15 +384,10 @@ class LlamaClient:
         requests are one try, retried together."""
         assert self.grammar is not None
         grammar = self.grammar
-        chat = request_body(self.model, messages, tools, {})
-        rendering = json.dumps({"messages": chat["messages"], "tools": tools}).encode()
 
         def send(call_timeout: float) -> object:
-            rendered = post_json(self.template_url, rendering, call_timeout)
-            prompt = field(rendered, "prompt")
-            if not isinstance(prompt, str):
-                raise MalformedReplyError("a rendered prompt without its text")
-            body = native_body(prompt, tools, grammar, self.options)
+            prompt = self._rendered(messages, tools, call_timeout)
+            body = {**native_body(prompt, tools, grammar, self.options), **self._slot}
             early = {**body, "stop": [*_stops(body.get("stop")), CALL_END]}
             cut = post_json(self.completion_url, json.dumps(early).encode(), call_timeout)
             whole = _call_ended(cut)

@@ -13,9 +13,9 @@ from mm_batch.config.local_catalog import local_model
 from mm_batch.config.model import OWN_MODEL_OPTIONS
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.gguf import ensure_gguf
-from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerError
+from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, LlamaServer, ServerError, SlotLease
 from mm_batch.effects.llama_client import LlamaClient, grammar_of
-from mm_batch.effects.model_calls import DEADLINE_REASON, Messages, ToolSchemas, TurnClient
+from mm_batch.effects.model_calls import DEADLINE_REASON, Messages, ToolSchemas
 from mm_batch.plan import Plan, RunSpec
 from mm_batch.run.ports import ModelDeadlineError, ModelError, ModelReply
 
@@ -31,22 +31,25 @@ def local_slots(plan: Plan) -> dict[str, int]:
 
 
 class LocalClient:
-    """A client of a local server, asked in its server's turn on the CPU: when the server
-    died, say so instead of retrying.
+    """A run's client of a local server, asked in its server's turn on the CPU, in the slot the
+    run holds (`lease`, for as long as this client lives): when the server died, say so
+    instead of retrying.
 
     `request_model` and `request_options` are the turn's request as litellm was given it when
     it asked the server (`hosted_vllm/<name>`): what a response cache keys it by."""
 
     def __init__(
         self,
-        client: TurnClient,
+        client: LlamaClient,
         server: LlamaServer,
         turns: CpuTurns,
         options: dict[str, object],
+        lease: SlotLease,
     ) -> None:
         self._client = client
         self._server = server
         self._turns = turns
+        self._lease = lease
         self.request_model = f"hosted_vllm/{server.model.name}"
         self.request_options = {k: v for k, v in options.items() if k not in OWN_MODEL_OPTIONS}
 
@@ -62,7 +65,9 @@ class LocalClient:
         if not self._turns.acquire(name, deadline):
             raise ModelDeadlineError(DEADLINE_REASON)
         try:
-            waited = time.monotonic() - asked
+            if not self._turns.warm(name):
+                self._warm_up(messages, tools, deadline)
+            waited = time.monotonic() - asked  # for the turn, and for its prompt computed first
             reply = self._client.complete(messages, tools, deadline - time.monotonic())
         except ModelError as exc:
             died = self._server.died()
@@ -72,6 +77,18 @@ class LocalClient:
         finally:
             self._turns.release(name)
         return dataclasses.replace(reply, latency_s=reply.latency_s + waited)
+
+    def _warm_up(self, messages: Messages, tools: ToolSchemas, deadline: float) -> None:
+        """The server's first request: its prompt computed alone (the agent's system prompt and
+        tools, which the other runs share), copied into every slot, and then the requests
+        waiting for it go on beside it."""
+        try:
+            left = min(self._client.timeout, deadline - time.monotonic())
+            slot = self._lease.slot
+            if left > 0 and self._client.prefill(messages, tools, left) and slot is not None:
+                self._server.share(slot)
+        finally:
+            self._turns.warmed(self._server.model.name)
 
 
 class LocalServers:
@@ -119,6 +136,7 @@ class LocalServers:
             "api_base": server.url,
         }
         agent = spec.task.agent
+        lease = server.leases.lease()
         client = LlamaClient(
             server.url,
             server.model.name,
@@ -133,8 +151,9 @@ class LocalServers:
                 also=[s.name for s in agent.skills] if "read_skill" in agent.builtins else [],
                 shell="bash" in agent.builtins,
             ),
+            slot=lease.slot,
         )
-        return LocalClient(client, server, self.turns, options)
+        return LocalClient(client, server, self.turns, options, lease)
 
     def stop_all(self) -> None:
         for server in self.servers.values():

@@ -9,6 +9,9 @@ $LLAMA_STANDIN_TEXTS first, in order, then "done"), and appends
 `<port> <start> <end> <max_tokens>` for each to $LLAMA_STANDIN_DIR/calls.log: the intervals in
 which it "computed"; /slots says slot 0 computes while a completion is in flight (and its save
 waits until it is done).
+A completion of no tokens (`max_tokens` or `n_predict` 0: mm-batch's first request of a
+server, which computes the prompt only) is noted in $LLAMA_STANDIN_DIR/prefills.log as
+`<port> <slot>` instead, answered at once, and uses up no text.
 Besides the chat endpoint (`/v1/chat/completions`) it answers the native ones: `/apply-template`
 renders `TEMPLATE(<messages and tools as JSON>)` as the prompt, and `/completion` answers as the
 chat endpoint does, in the native shape; each request's path and body is appended as a JSON line
@@ -53,7 +56,8 @@ def _native(text: str, stops: list[str]) -> dict[str, Any]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    answered = 0  # completions so far: the tokens a saved slot "holds"
+    answered = 0  # completions so far: the tokens a saved slot "holds", with the prefills
+    prefilled = 0
     computing = 0  # completions in flight: slot 0 is busy while there is one
 
     def do_GET(self) -> None:
@@ -72,6 +76,9 @@ class Handler(BaseHTTPRequestHandler):
             log.write(json.dumps({"path": self.path, "body": body}) + "\n")
         if self.path == "/apply-template":
             self._send({"prompt": f"TEMPLATE({json.dumps(body, sort_keys=True)})"})
+            return
+        if body.get("max_tokens", body.get("n_predict")) == 0:
+            self._prefill(body)
             return
         started = time.time()
         Handler.computing += 1
@@ -99,6 +106,20 @@ class Handler(BaseHTTPRequestHandler):
             }
         )
 
+    def _prefill(self, body: dict[str, Any]) -> None:
+        """A completion of no tokens (the prompt computed into the cache): noted in
+        prefills.log as `<port> <slot>`, answered at once with nothing, no text used up."""
+        with (DIR / "prefills.log").open("a") as log:
+            log.write(f"{PORT} {body.get('id_slot', -1)}\n")
+        Handler.prefilled += 1
+        if self.path == "/completion":
+            self._send(_native("", []))
+            return
+        choice = {"index": 0, "message": {"role": "assistant", "content": ""}}
+        self._send(
+            {"object": "chat.completion", "choices": [{**choice, "finish_reason": "length"}]}
+        )
+
     def _slot_file(self, slot: int, filename: str) -> None:
         if SLOTS is None:
             self._send({"error": {"code": 501, "message": "slot save is not enabled"}}, 501)
@@ -107,7 +128,7 @@ class Handler(BaseHTTPRequestHandler):
             while slot == 0 and Handler.computing:  # as llama-server: a busy slot's turn first
                 time.sleep(0.05)
             (SLOTS / filename).write_text(json.dumps({"port": PORT, "answered": Handler.answered}))
-            self._send({"id_slot": slot, "n_saved": Handler.answered})
+            self._send({"id_slot": slot, "n_saved": Handler.answered + Handler.prefilled})
             return
         try:
             text = (SLOTS / filename).read_text()

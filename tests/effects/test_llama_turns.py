@@ -5,13 +5,14 @@ client as `default_effects` wires it."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from mm_batch.commands.effects import default_effects
 from mm_batch.config.load import load_tasks
 from mm_batch.config.local_catalog import CATALOG
 from mm_batch.effects.gguf import ServerBuild, prompt_dir, prompt_name
-from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, cores
+from mm_batch.effects.llama import MAX_TOKENS, CpuTurns, SlotLeases, cores
 from mm_batch.plan import Overrides, RunSpec, make_plan
 from mm_batch.run.batch import Effects
-from mm_batch.run.ports import ModelDeadlineError
+from mm_batch.run.ports import ModelClient, ModelDeadlineError
 from tests.helpers import standin_llama, wait_for, write
 
 SMALL, LARGE = "local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-1.5b"
@@ -41,6 +42,7 @@ def _calls(directory: Path) -> list[tuple[int, float, float, str]]:
 class _Local:
     effects: Effects
     specs: Mapping[str, RunSpec]  # each model's first run
+    runs: Sequence[RunSpec]
 
     def complete(self, model: str, timeout: float = 30.0) -> float:
         """One model turn of `model`'s first run; its latency."""
@@ -67,7 +69,7 @@ def local_effects(
         plan = make_plan(tasks, Overrides(models=models))
         effects = default_effects(plan, tmp_path / "out")
         started.append(effects)
-        return _Local(effects, {run.model: run for run in reversed(plan.runs)})
+        return _Local(effects, {run.model: run for run in reversed(plan.runs)}, plan.runs)
 
     yield start
     for effects in started:
@@ -303,6 +305,49 @@ def test_the_turn_goes_to_the_server_that_waited_longest() -> None:
     assert order == ["b", "c", "a"]
 
 
+def test_a_server_computes_its_first_prompt_alone_then_shares_it_with_every_slot(
+    local_effects: Callable[..., _Local], tmp_path: Path
+) -> None:
+    """Slots share no cache: the first request's prompt (the agent's system prompt and tools)
+    is computed alone, with no token generated, and copied into the other slot; then both
+    runs go on side by side, each asking for its own slot on every turn."""
+    local = local_effects(SMALL, latency_s=0.3)
+    first, second = (local.effects.client_for(run) for run in local.runs)
+
+    def turns(client: ModelClient, says: str) -> None:
+        for _ in range(2):
+            client.complete([{"role": "user", "content": says}], [], 30)
+
+    threads = [threading.Thread(target=turns, args=a) for a in ((first, "a"), (second, "b"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    [(port, slot)] = [tuple(map(int, line.split())) for line in _lines(tmp_path, "prefills.log")]
+    assert _shared(tmp_path) == [(port, 1 - slot)]
+    asked = [json.loads(line)["body"] for line in _lines(tmp_path, "requests.jsonl")]
+    slots = {b["messages"][0]["content"]: b["id_slot"] for b in asked if b["max_tokens"] != 0}
+    assert sorted(slots.values()) == [0, 1]  # one slot each run, the same on both turns
+    assert len(asked) == 5 and len(_calls(tmp_path)) == 4  # one prefill, four turns
+    calls = _calls(tmp_path)
+    first_ended = min(end for _, _, end, _ in calls)
+    assert sum(start < first_ended for _, start, _, _ in calls) == 2, "the runs waited in turn"
+
+
+def test_a_slot_is_held_while_its_runs_client_lives() -> None:
+    leases = SlotLeases(2)
+    first, second = leases.lease(), leases.lease()
+    assert (first.slot, second.slot) == (0, 1)
+    assert leases.lease().slot is None  # every slot held: the server chooses
+    del first
+    gc.collect()
+    assert leases.lease().slot == 0
+
+
+def _lines(directory: Path, name: str) -> list[str]:
+    return (directory / name).read_text().splitlines()
+
+
 def test_a_cold_server_computes_its_first_request_alone() -> None:
     """The first request fills the prompt cache: the requests that come while it runs wait
     for its end, then run together, and another joins them."""
@@ -325,11 +370,21 @@ def test_a_cold_server_computes_its_first_request_alone() -> None:
         turns.release("a")
 
 
-def _restored(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
+def _restores(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
     """The stand-ins' restored slots: port, slot, the saved file's content."""
     log = directory / "restored.log"
     rows = (line.split(" ", 2) for line in log.read_text().splitlines()) if log.exists() else ()
     return [(int(port), int(slot), json.loads(text)) for port, slot, text in rows]
+
+
+def _restored(directory: Path) -> list[tuple[int, int, dict[str, int]]]:
+    """The slots loaded with a prompt another server saved (an earlier run's)."""
+    return [row for row in _restores(directory) if row[2]["port"] != row[0]]
+
+
+def _shared(directory: Path) -> list[tuple[int, int]]:
+    """The slots a server loaded with a prompt of its own: port, slot."""
+    return [(port, slot) for port, slot, text in _restores(directory) if text["port"] == port]
 
 
 def _saved(model: str, binary: Path) -> Path:

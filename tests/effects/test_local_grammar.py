@@ -59,9 +59,25 @@ def _run(
     )
 
 
-def _requests(tmp_path: Path) -> list[dict[str, Any]]:
+def _all_requests(tmp_path: Path) -> list[dict[str, Any]]:
     lines = (tmp_path / "requests.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def _prefill(request: dict[str, Any]) -> bool:
+    body = request["body"]
+    return 0 in (body.get("n_predict"), body.get("max_tokens"))
+
+
+def _requests(tmp_path: Path) -> list[dict[str, Any]]:
+    """The requests of the model's turns: without the server's first request, which computes
+    the prompt only (and its rendering)."""
+    requests = _all_requests(tmp_path)
+    first = next(i for i, r in enumerate(requests) if _prefill(r))
+    if requests[first]["path"] == "/completion":
+        assert requests[first - 1]["path"] == "/apply-template"
+        return requests[: first - 1] + requests[first + 1 :]
+    return requests[:first] + requests[first + 1 :]
 
 
 def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
@@ -69,6 +85,15 @@ def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
 ) -> None:
     done = _run(tmp_path, "--model-option", "call_grammar=true")
     assert done.returncode == 0, done.stderr
+    # The server's first request computes the first turn's prompt into the run's slot, alone.
+    rendered, prefill, *_ = _all_requests(tmp_path)
+    assert (rendered["path"], prefill["path"]) == ("/apply-template", "/completion")
+    assert prefill["body"] == {
+        "prompt": f"TEMPLATE({json.dumps(rendered['body'], sort_keys=True)})",
+        "n_predict": 0,
+        "cache_prompt": True,
+        "id_slot": 0,
+    }
     requests = _requests(tmp_path)
     assert [r["path"] for r in requests] == [
         "/apply-template",
@@ -83,6 +108,7 @@ def test_a_turn_with_tools_is_rendered_by_the_template_and_bound_by_the_grammar(
     assert completion["prompt"] == f"TEMPLATE({json.dumps(rendering, sort_keys=True)})"
     assert "tools" not in completion and "messages" not in completion
     assert completion["n_predict"] == MAX_TOKENS and completion["temperature"] == 0
+    assert completion["id_slot"] == 0  # the run's slot, which holds its prompt
     # Stopped where the call ends: the fence's close and the end of the turn are the
     # grammar's, never the decoder's; the text comes back whole.
     assert completion["stop"] == ["}}"]
@@ -126,7 +152,10 @@ def test_without_call_grammar_the_chat_endpoint_is_asked_with_the_tools(
     `bash` column 5 of 30 runs), or when asked."""
     done = _run(tmp_path, *options, agent=agent)
     assert done.returncode == 0, done.stderr
+    prefill, *_ = _all_requests(tmp_path)
+    assert (prefill["body"]["max_tokens"], prefill["body"]["id_slot"]) == (0, 0)
     requests = _requests(tmp_path)
+    assert prefill["body"]["messages"] == requests[0]["body"]["messages"]
     assert [r["path"] for r in requests] == ["/v1/chat/completions"] * 2
     assert requests[0]["body"]["tools"][0]["function"]["name"] == "greet"
     assert "call_grammar" not in requests[0]["body"] and "grammar" not in requests[0]["body"]
