@@ -346,8 +346,10 @@ def test_an_mcp_array_parameter_is_sent_as_json_schema_and_judged_as_an_array(
         expect = "{calls: [{tool: cat_tag, args: {names: [web, db]}}]}"
         tasks = "".join(
             f"  - {{id: {name}, prompt: {name}, expect: {expect}}}\n"
-            for name in ("tag", "swap", "one")
+            for name in ("tag", "swap", "one", "text", "scalar")
         )
+        none = "{calls: [{tool: cat_tag, args: {names: []}}]}"
+        tasks += f"  - {{id: none, prompt: none, expect: {none}}}\n"
         write(tmp_path, "tasks.yaml", f"agent: agent.yaml\ntasks:\n{tasks}")
         label = {"key": "tier", "value": "front"}
         fake = fake_model(
@@ -359,6 +361,11 @@ def test_an_mcp_array_parameter_is_sent_as_json_schema_and_judged_as_an_array(
                     ],
                     "swap": [tool_call("cat_tag", {"names": ["db", "web"]}), text("ok")],
                     "one": [tool_call("cat_tag", {"names": ["web"]}), text("ok")],
+                    # the text of an array, as small models write one: read as the server would
+                    "text": [tool_call("cat_tag", {"names": '["web", "db"]'}), text("ok")],
+                    # one of the expected values, but no array: answered, never run
+                    "scalar": [tool_call("cat_tag", {"names": "web"}), text("ok")],
+                    "none": [tool_call("cat_tag", {"names": []}), text("ok")],
                 }
             )
         )
@@ -374,8 +381,16 @@ def test_an_mcp_array_parameter_is_sent_as_json_schema_and_judged_as_an_array(
     labels = json.dumps(parameters["properties"]["labels"])
     assert '"key"' in labels and '"value"' in labels  # the nested model, written out
     status = {r["task"]: r["status"] for r in records if r["kind"] == "task"}
-    assert status == {"tag": "passed", "swap": "failed", "one": "failed"}
+    assert status == {
+        **{"tag": "passed", "swap": "failed", "one": "failed"},
+        **{"text": "passed", "scalar": "failed", "none": "passed"},
+    }
     assert server.calls[0] == ("tag", {"names": ["web", "db"], "labels": [label]})
+    assert tools_of(records, "text")[0]["arguments"] == {"names": ["web", "db"]}
+    [scalar] = tools_of(records, "scalar")
+    assert (scalar["outcome"], scalar["started"]) == ("invalid", False)
+    assert "expected a JSON array" in scalar["reason"]
+    assert [names for _, call in server.calls if (names := call["names"]) == "web"] == []
 
 
 def test_mcp_timeout_is_answered(

@@ -103,7 +103,8 @@ class _Expect:
 def _expected_one(reader: Reader, at: At, param: ParamSpec | None, whole: bool) -> Value | None:
     """One value a parameter may hold: of the declared parameter's type, in its enum; for a tool
     whose parameters are known only once it runs (a built-in, an MCP tool), any JSON value but
-    null, an object only as the whole expectation (compared type-exactly at judge time)."""
+    null (compared type-exactly at judge time: a list's items may be arrays and objects too,
+    for an array of them)."""
     if param is not None:
         typed = typed_value(reader, at, param.type)
         if typed is not None and param.enum is not None and typed not in param.enum:
@@ -115,11 +116,8 @@ def _expected_one(reader: Reader, at: At, param: ParamSpec | None, whole: bool) 
     if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
         reader.problem(at, "null can never match: leave the parameter out to leave it unchecked")
         return None
-    if not whole and not isinstance(node, yaml.ScalarNode):
-        reader.problem(at, "each value of a list of values is a string, a number or a boolean")
-        return None
     value = reader.plain_data(at)
-    return value if isinstance(value, str | int | float | bool | dict) else None
+    return value if isinstance(value, str | int | float | bool | dict | list) else None
 
 
 def _expected_value(reader: Reader, at: At, param: ParamSpec | None) -> ExpectedValue | None:
@@ -127,6 +125,8 @@ def _expected_value(reader: Reader, at: At, param: ParamSpec | None) -> Expected
     node = at.node
     if not isinstance(node, yaml.SequenceNode):
         return _expected_one(reader, at, param, whole=True)
+    if not node.value and param is None:  # an MCP tool's array parameter: the empty array
+        return AnyOf(())
     if not node.value:
         reader.problem(at, "an empty list of values can never match: give one or several")
         return None

@@ -13,9 +13,10 @@ from typing import Literal
 
 from mm_batch.config.model import AgentConfig, ParamSpec, ParamType, ToolSpec, Value, render_value
 from mm_batch.config.secrets import Masker
-from mm_batch.jsontypes import JsonObject, JsonValue
+from mm_batch.jsontypes import JsonObject
 from mm_batch.run.ports import McpTool
 from mm_batch.tools.declared import InvalidCall, ValidCall, validate_call
+from mm_batch.tools.mcp_schema import resolved, sent_schema
 from mm_batch.tools.schema import model_schema
 
 CallKind = Literal["command", "skill", "mcp"]
@@ -83,55 +84,18 @@ def read_skill_tool(agent: AgentConfig) -> ToolSpec:
     )
 
 
-# What a parameter's schema says in words, sent in its description instead (SPEC 2).
-_SAID_IN_TEXT = frozenset({"description", "title", "enum", "default", "examples"})
-
-
-# How deep references to the input schema's `$defs` are followed (a recursive model's schema
-# refers to itself), and how many a parameter's schema may write out in all (a hostile
-# server's schema could refer to itself several times a level: written out, it would grow
-# exponentially): past either, any value.
-_REF_DEPTH = 8
-_REFS_WRITTEN = 64
-
-
-def _value_schema(prop: JsonObject, defs: object) -> JsonObject:
-    """An MCP parameter's schema of values (its `type`, `items`, `properties`...): what the
-    model is sent as the type of an array, object or union parameter. References to the input
-    schema's `$defs` (how pydantic writes nested models) are written out: the parameter's
-    schema is sent without the root they point into."""
-    own = {key: value for key, value in prop.items() if key not in _SAID_IN_TEXT}
-    written = [_REFS_WRITTEN]
-    inlined = _inline_refs(own, defs if isinstance(defs, dict) else {}, _REF_DEPTH, written)
-    return inlined if isinstance(inlined, dict) else {}
-
-
-def _inline_refs(node: JsonValue, defs: JsonObject, depth: int, left: list[int]) -> JsonValue:
-    """`node` with its `$defs` references written out, `depth` levels deep and `left[0]` in
-    all; a reference past either, or to nothing, is any value."""
-    if isinstance(node, list):
-        return [_inline_refs(item, defs, depth, left) for item in node]
-    if not isinstance(node, dict):
-        return node
-    ref = node.get("$ref")
-    if isinstance(ref, str):
-        target = defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else None
-        if depth == 0 or left[0] <= 0 or not isinstance(target, dict):
-            return {}  # any value: better than a reference to nothing
-        left[0] -= 1
-        return _inline_refs(target, defs, depth - 1, left)
-    return {k: _inline_refs(v, defs, depth, left) for k, v in node.items() if k != "$defs"}
-
-
 def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
-    """An MCP tool as the model sees it: its schema's properties, required ones marked."""
+    """An MCP tool as the model sees it: its schema's properties, required ones marked. A
+    parameter behind a reference or `Optional[...]` is read as what it is (a pydantic enum is
+    a string with allowed values); one that is no scalar is sent the schema
+    `tools.mcp_schema` makes of its own."""
     properties = tool.input_schema.get("properties")
     defs = tool.input_schema.get("$defs")
     listed = tool.input_schema.get("required")
     required = {r for r in listed if isinstance(r, str)} if isinstance(listed, list) else set()
     params = []
     for name, raw in (properties if isinstance(properties, dict) else {}).items():
-        prop = raw if isinstance(raw, dict) else {}
+        prop = resolved(raw, defs)
         enum = prop.get("enum")
         # A null among the allowed values is no value a call can send (null is absent).
         allowed = [v for v in enum if v is not None] if isinstance(enum, list) else []
@@ -145,7 +109,7 @@ def mcp_tool_spec(tool: McpTool, directory: Path) -> ToolSpec:
                 enum=tuple(allowed) if allowed else None,
                 default=prop.get("default"),
                 allow_dash=True,  # no argv: an MCP value cannot become an option
-                schema=_value_schema(prop, defs) if kind == "json" else None,
+                schema=sent_schema(prop, defs) if kind == "json" else None,
             )
         )
     return ToolSpec(

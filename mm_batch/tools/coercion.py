@@ -17,6 +17,7 @@ from decimal import Decimal
 from mm_batch.config.model import ParamSpec, Value, render_value
 from mm_batch.config.secrets import NO_SECRETS, Masked, Masker, head
 from mm_batch.jsontypes import JsonObject, JsonValue
+from mm_batch.tools.mcp_schema import types_of
 
 MAX_VALUE_BYTES = 64 * 1024
 MAX_INTEGER_DIGITS = 30
@@ -95,6 +96,15 @@ def _depth(data: JsonValue) -> int:
             deepest = max(deepest, depth + 1)
             stack.extend((item, depth + 1) for item in items)
     return deepest
+
+
+def _decoded(text: str) -> JsonValue:
+    """The JSON value `text` is, within the arguments' bounds; None when it is none."""
+    try:
+        data: JsonValue = _ARGUMENTS_DECODER.decode(text)
+    except (_LongIntegerError, ValueError, RecursionError):
+        return None
+    return _plain(data) if _depth(data) <= MAX_NESTING else None
 
 
 def parse_arguments(raw: str | None) -> Parsed | Invalid:
@@ -232,6 +242,20 @@ def _plain(value: JsonValue) -> JsonValue:
     return value
 
 
+def _structure(param: ParamSpec, value: Value, quoted: str) -> Coerced | Invalid:
+    """An MCP parameter whose schema admits arrays or objects only: one of those, or a JSON
+    string of one (small models write an array as the text of one, and the server would read
+    it so: what is recorded and judged is what it runs). Any other value is answered."""
+    kinds = set(types_of(param.schema or {})) - {"null"}
+    if not kinds or not kinds <= {"array", "object"}:
+        return Coerced(value)
+    written = _decoded(value) if isinstance(value, str) else value
+    if isinstance(written, list | dict) and _json_kind(written) in kinds:
+        return Coerced(written)
+    expected = " or ".join(f"a JSON {kind}" for kind in sorted(kinds))
+    return Invalid(f"expected {expected}, got a JSON {_json_kind(value)} ({quoted})")
+
+
 def coerce(param: ParamSpec, value: Value, masker: Masker = NO_SECRETS) -> Coerced | Invalid:
     """Coerce one JSON value (never null: a null is an absent value) leniently: only what needs
     no guess. A problem quotes the value masked."""
@@ -242,7 +266,7 @@ def coerce(param: ParamSpec, value: Value, masker: Masker = NO_SECRETS) -> Coerc
     if param.type == "json":
         plain = _plain(value)
         assert plain is not None  # only null is plain null
-        return Coerced(plain)
+        return _structure(param, plain, quoted)
     if param.type == "string":
         if isinstance(value, str):
             return Coerced(value)

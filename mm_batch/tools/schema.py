@@ -51,11 +51,12 @@ def tool_description(tool: ToolSpec) -> str:
     return "\n".join(lines)
 
 
-def _type_schema(param: ParamSpec) -> JsonObject:
-    """The JSON Schema of a parameter's type: a scalar's name, or an MCP parameter's own schema
-    of values (none: any JSON value). "json" is mm-batch's word, never JSON Schema's."""
+def _type_schema(param: ParamSpec, masker: Masker) -> JsonObject:
+    """The JSON Schema of a parameter's type: a scalar's name, or what an MCP parameter's own
+    schema makes (`tools.mcp_schema`; none: any JSON value), masked: its texts, patterns and
+    allowed values are the server's words. "json" is mm-batch's word, never JSON Schema's."""
     if param.type == "json":
-        return dict(param.schema or {})
+        return masker.data(dict(param.schema or {}), keys=False)
     return {"type": param.type}
 
 
@@ -64,7 +65,7 @@ def model_schema(tool: ToolSpec, masker: Masker = NO_SECRETS) -> JsonObject:
     The descriptions are masked by `masker` (a secret can stand in one, where a parameter's
     example is written); names and types are structure, never touched."""
     properties: JsonObject = {
-        p.name: {**_type_schema(p), "description": masker.text(_property_description(p))}
+        p.name: {**_type_schema(p, masker), "description": masker.text(_property_description(p))}
         for p in tool.params
     }
     return {
