@@ -292,6 +292,8 @@ def test_unreachable_model_is_an_error_and_the_batch_goes_on(
     tasks = [r for r in read_calls(out) if r["kind"] == "task"]
     assert len(tasks) == 2 and {t["status"] for t in tasks} == {"error"}
     assert "could not be reached after 3 tries" in tasks[0]["reason"]
+    # No server answered: no HTTP status is made up (litellm's error carries a 500).
+    assert "HTTP" not in tasks[0]["reason"].split("tries: ")[1].split(":")[0]
     assert "Traceback" not in result.err
 
 

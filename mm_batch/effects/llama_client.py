@@ -116,7 +116,7 @@ def _error_text(data: bytes) -> str:
 
 def post_json(url: urllib.parse.SplitResult, body: bytes, timeout: float) -> object:
     """POST a JSON body, and the JSON of a 200's reply; raises `ServerStatusError`,
-    `ServerUnreachableError`, `TimeoutError` (transient or not by `model_calls.is_transient`)
+    `ServerUnreachableError`, `TimeoutError` (transient or not by `model_errors.is_transient`)
     or `MalformedReplyError`. No proxy of the environment stands in between."""
     kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
     connection = kind(url.hostname or "127.0.0.1", url.port, timeout=timeout)

@@ -2,18 +2,15 @@
 failures with backoff and never past the task's deadline, a provider's error as a masked
 one-line reason, and a completion's first choice read as a `ModelReply`.
 
-litellm's client (`effects.litellm`) and the local models' own client (`effects.llama_client`)
-both go through here, so that a turn's retries, deadline, reasons and record are the same
-whichever of them asked.
+litellm's client (`effects.litellm`) and the local models' own (`effects.llama_client`) both go
+through here: a turn's retries, deadline, reasons and record are the same whichever asked.
 """
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import json
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +18,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol, TypeAlias, TypeVar
 
-from mm_batch.config.secrets import Masker, folded, head
+from mm_batch.config.secrets import Masker
+from mm_batch.effects.model_errors import (
+    is_malformed,
+    is_transient,
+    missing_module,
+    retry_after_s,
+    short_reason,
+    status_code,
+)
 from mm_batch.jsontypes import JsonValue
 from mm_batch.run import threads
 from mm_batch.run.ports import (
@@ -33,19 +38,10 @@ from mm_batch.run.ports import (
 )
 
 MODEL_TRIES = 3
-# A call's thread may answer this long after its own timeout before it is given up on: an HTTP
-# client's timeout bounds each read, not the whole reply, so a server that trickles bytes is cut
-# here.
+# How long after its own timeout a call's thread may answer before it is given up on (an HTTP
+# client's timeout bounds each read, not the whole reply: a trickling server is cut here).
 CALL_GRACE_S = 1.0
 DEADLINE_REASON = "the task's deadline came before the model answered"
-_TRANSIENT_STATUS = {408, 409, 429}
-# What litellm 1.110 says when a provider answered with something that is not a completion:
-# a broken or hostile answer is not retried, it is named.
-_MALFORMED_MARKS = ("Invalid response object", "Unable to get json response", "provider returned")
-_DELTA_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
-# A protobuf Duration in JSON, as a RetryInfo quotes it in an error's body: `"retryDelay": "37s"`.
-_RETRY_DELAY = re.compile(r'"retryDelay"\s*:\s*"([0-9]+(?:\.[0-9]+)?)s"')
-REASON_LIMIT = 300  # characters of a provider's error in a reason
 
 T = TypeVar("T")
 
@@ -84,93 +80,6 @@ class _SharedBackoff:
 
 
 SHARED_BACKOFF = _SharedBackoff()
-
-
-def status_code(exc: BaseException) -> int | None:
-    """The HTTP status a failed call was answered with, where it got one."""
-    code = getattr(exc, "status_code", None)
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
-
-
-def is_malformed(exc: BaseException) -> bool:
-    """The provider answered, but not with a chat completion (a 200 that cannot be read)."""
-    return status_code(exc) == 200 or any(mark in str(exc) for mark in _MALFORMED_MARKS)
-
-
-def missing_module(exc: BaseException) -> bool:
-    """The call failed because a module it needs is not installed (a provider's SDK, which
-    litellm reports as a connection error): no retry will install it."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, ImportError):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Connection errors, timeouts, 429 and 5xx are worth another try; nothing else is."""
-    code = status_code(exc)
-    if code is not None:
-        return code in _TRANSIENT_STATUS or code >= 500
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(
-        names
-        & {"APIConnectionError", "Timeout", "APITimeoutError", "TimeoutError", "ConnectionError"}
-    )
-
-
-def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:
-    """The wait a `Retry-After` header of the failed reply asks for (seconds or an HTTP date),
-    else the `retryDelay` of a Google API's error body (`google.rpc.RetryInfo`: Gemini says
-    its wait there, with no header)."""
-    asked = _header_retry_after_s(exc, now)
-    if asked is not None:
-        return asked
-    delay = _RETRY_DELAY.search(str(exc))
-    return float(delay.group(1)) if delay else None
-
-
-def _header_retry_after_s(exc: BaseException, now: datetime | None) -> float | None:
-    value: object = None
-    response = getattr(exc, "response", None)
-    for headers in (
-        getattr(exc, "litellm_response_headers", None),
-        getattr(response, "headers", None),
-        getattr(exc, "headers", None),
-    ):
-        getter = getattr(headers, "get", None)
-        if callable(getter):
-            value = getter("retry-after") or getter("Retry-After")
-            if value:
-                break
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
-    if _DELTA_SECONDS.fullmatch(text):
-        return float(text)  # never raises; a hostile 5000-digit value is inf, past any deadline
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    when = when.replace(tzinfo=when.tzinfo or UTC)  # a date without a zone is in UTC
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-def short_reason(exc: BaseException, masker: Masker, limit: int = REASON_LIMIT) -> str:
-    """A provider's error as a reason: masked where it enters, before it is cut at its
-    traceback, folded to one line and cut to `limit` characters (it may quote the key)."""
-    masked = masker.quoted_by_others(str(exc))
-    # litellm puts a traceback in some messages: the reason is what comes before it.
-    before = masked.split("Traceback (most recent call last)")[0]
-    text = folded(masker.text(before))
-    if len(text) > limit:
-        text = masker.text(head(text, limit - 3) + "...")
-    code = status_code(exc)
-    prefix = f"{type(exc).__name__}" + (f" (HTTP {code})" if code is not None else "")
-    return f"{prefix}: {text}"
 
 
 def _seconds(value: float) -> str:

@@ -35,7 +35,7 @@ from mm_batch.config.secrets import (
     option_secrets,
     tail,
 )
-from mm_batch.effects.model_calls import short_reason
+from mm_batch.effects.model_errors import short_reason
 from mm_batch.report.summary import one_line
 
 # Characters that make cuts, folds and escapes interesting, and a few whole alphabets.

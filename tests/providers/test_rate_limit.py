@@ -12,7 +12,7 @@ import pytest
 
 from mm_batch.config.secrets import Masker
 from mm_batch.effects.litellm import LiteLLMClient
-from mm_batch.effects.model_calls import retry_after_s
+from mm_batch.effects.model_errors import retry_after_s
 from mm_batch.run.ports import ModelRateLimitError, ModelReply
 from mm_batch.testing.fake_openai import FakeOpenAI, HttpFailure, Reply, text
 from tests.helpers import Cli, Fake, check_report, read_calls, write
