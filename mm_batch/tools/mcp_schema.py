@@ -53,10 +53,10 @@ def resolved(schema: JsonValue, defs: JsonValue) -> JsonObject:
     if target is not None:
         own = {**target, **{k: v for k, v in own.items() if k != "$ref"}}
     options = own.get("anyOf", own.get("oneOf"))
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        (other,) = [o for o in options if o != {"type": "null"}]
+    others = [o for o in options if o != {"type": "null"}] if isinstance(options, list) else []
+    if isinstance(options, list) and len(options) == 2 and len(others) == 1:
         rest = {k: v for k, v in own.items() if k not in ("anyOf", "oneOf")}
-        inner = resolved(other, table) if isinstance(other, dict) else {}
+        inner = resolved(others[0], table) if isinstance(others[0], dict) else {}
         own = {**inner, **rest}
     return own
 

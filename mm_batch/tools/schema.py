@@ -53,8 +53,8 @@ def tool_description(tool: ToolSpec) -> str:
 
 def _type_schema(param: ParamSpec, masker: Masker) -> JsonObject:
     """The JSON Schema of a parameter's type: a scalar's name, or what an MCP parameter's own
-    schema makes (`tools.mcp_schema`; none: any JSON value), masked: its texts, patterns and
-    allowed values are the server's words. "json" is mm-batch's word, never JSON Schema's."""
+    schema makes (`tools.mcp_schema`; none: any JSON value), masked: its texts and allowed
+    values are the server's words. "json" is mm-batch's word, never JSON Schema's."""
     if param.type == "json":
         return masker.data(dict(param.schema or {}), keys=False)
     return {"type": param.type}

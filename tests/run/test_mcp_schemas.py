@@ -122,6 +122,12 @@ def test_a_small_schema_that_writes_out_large_is_sent_as_its_type() -> None:
     assert parameters["properties"]["x0"]["type"] == "object"
 
 
+def test_a_union_of_nothing_but_null_is_any_value() -> None:
+    nulls: dict[str, Any] = {"anyOf": [{"type": "null"}, {"type": "null"}]}
+    (param,) = mcp_tool_spec(McpTool("s", "t", "", {"properties": {"x": nulls}}), Path()).params
+    assert param.type == "json"
+
+
 def test_a_scalar_behind_a_reference_or_optional_is_that_scalar() -> None:
     """How pydantic writes an enum (a reference) and an optional integer (anyOf with null)."""
     colour = {"type": "string", "enum": ["red", "green"], "title": "Colour"}
