@@ -436,3 +436,28 @@ def test_expecting_a_tool_the_server_lacks_is_an_error(
     result, records = run(cli, tmp_path, fake_model(by_prompt({})))
     assert result.code == 3
     assert records[-1]["reason"] == "expect names proj_deploy, which no MCP server offers"
+
+
+def test_expecting_an_argument_the_server_does_not_list_is_an_error(
+    cli: Cli, fake_model: Fake, tmp_path: Path, mcp_url: tuple[str, Any]
+) -> None:
+    """A misspelt argument would make a negative check pass for ever: `times: 0` of a call
+    that can never match. The model is never asked."""
+    _mcp_agent(tmp_path, mcp_url[0])
+    write(
+        tmp_path,
+        "tasks.yaml",
+        """
+        agent: agent.yaml
+        tasks:
+          - {id: e, prompt: x, expect: {calls: [{tool: proj_scale, args: {replica: 3}, times: 0}]}}
+    """,
+    )
+    fake = fake_model(by_prompt({"x": [tool_call("proj_scale", {"replicas": 3}), text("done")]}))
+    result, records = run(cli, tmp_path, fake)
+    assert result.code == 3
+    assert records[-1]["reason"] == (
+        "expect gives proj_scale replica, which its server does not list "
+        "(it lists: dry_run, replicas)"
+    )
+    assert fake.requests == []

@@ -168,7 +168,9 @@ class TaskRun:
         )
 
     def _open_toolbox(self) -> Toolbox:
-        """List the MCP servers' tools; an expected MCP tool no server offers is an error."""
+        """List the MCP servers' tools; an expected MCP tool no server offers, or an argument
+        its server does not list (a typo would leave a `times: 0` check unfailable), is an
+        error."""
         agent = self.spec.task.agent
         tools = [t for server in agent.mcp for t in self.context.mcp.list_tools(server)]
         toolbox = Toolbox(agent, tools)
@@ -184,6 +186,15 @@ class TaskRun:
             missing = sorted(n for n in named if n.startswith(prefixes) and n not in toolbox.names)
             if missing:
                 raise McpError(f"expect names {', '.join(missing)}, which no MCP server offers")
+            for call in expect.calls:
+                spec = toolbox.mcp_spec(call.tool)
+                listed = {p.name for p in spec.params} if spec is not None else set()
+                unlisted = sorted(set(call.args or {}) - listed) if spec is not None else []
+                if unlisted:
+                    raise McpError(
+                        f"expect gives {call.tool} {', '.join(unlisted)}, which its server "
+                        f"does not list (it lists: {', '.join(sorted(listed)) or 'nothing'})"
+                    )
         return toolbox
 
     def _run_check(self, argv: tuple[str, ...]) -> CheckRun:

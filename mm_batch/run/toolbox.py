@@ -193,6 +193,11 @@ class Toolbox:
         skills = [s.name for s in self.agent.skills] if "read_skill" in self._tools else []
         return sorted({*self._tools, *skills})
 
+    def mcp_spec(self, name: str) -> ToolSpec | None:
+        """The MCP tool of that name as the model sees it; None for any other name."""
+        spec, kind, _ = self._tools.get(name, (None, "command", None))
+        return spec if kind == "mcp" else None
+
     def unknown_tool_answer(self, name: str) -> str:
         """What a call of a tool that does not exist is answered with: what to do instead."""
         answer = (
