@@ -311,7 +311,7 @@ def test_a_server_computes_its_first_prompt_alone_then_shares_it_with_every_slot
     """Slots share no cache: the first request's prompt (the agent's system prompt and tools)
     is computed alone, with no token generated, and copied into the other slot; then both
     runs go on side by side, each asking for its own slot on every turn."""
-    local = local_effects(SMALL, latency_s=0.3)
+    local = local_effects(SMALL, latency_s=1.0)  # far longer than a waiting thread's wake-up
     first, second = (local.effects.client_for(run) for run in local.runs)
 
     def turns(client: ModelClient, says: str) -> None:
