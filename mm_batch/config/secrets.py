@@ -149,10 +149,9 @@ class Masker:
         """Mask the strings inside JSON-like data, its keys too (a provider's parts are its own
         text, keys included); with `keys` false, data sent on (the history of a request, a
         hook's input, a cached reply replayed) keeps its structure: a key is masked only where
-        it is wholly a secret (`_key`). The
-        copy has the value's shape: a string becomes a `Masked` string, a dict a dict, a list a
-        list and a tuple a tuple; anything else is kept as it is. Two keys that mask alike keep
-        the later value."""
+        it is wholly a secret (`_key`). The copy has the value's shape: a string becomes a
+        `Masked` string, a dict a dict, a list a list and a tuple a tuple; anything else is kept
+        as it is. Two keys that mask alike keep the later value."""
         if not self._secrets:
             return value
         return cast(T, self._masked_data(value, keys))

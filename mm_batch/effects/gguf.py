@@ -90,15 +90,15 @@ def _recorded_digest(build: Path) -> str | None:
     package's folder beside its `<name>-<version>.dist-info`, as pip installs both); None when
     no package recorded it."""
     for top in list(build.parents)[:4]:
+        entry = build.relative_to(top.parent).as_posix() + ","
         for record in top.parent.glob(f"{top.name}-*.dist-info/RECORD"):
-            entry = build.relative_to(top.parent).as_posix() + ","
             try:
                 lines = record.read_text(encoding="utf-8").splitlines()
             except (OSError, UnicodeDecodeError):
                 return None
             for line in lines:
-                digest = line.removeprefix(entry).split(",")[0]
-                if line.startswith(entry) and digest.startswith("sha256="):
+                digest = line.removeprefix(entry).split(",")[0] if line.startswith(entry) else ""
+                if digest.startswith("sha256="):
                     return digest
     return None
 

@@ -43,12 +43,15 @@ def _no_reply(exc: BaseException) -> bool:
     return any(_NO_REPLY & {cls.__name__ for cls in type(e).__mro__} for e in _chain(exc))
 
 
+def _status(exc: BaseException) -> int | None:
+    """The status the error carries, whether a server said it or not."""
+    code = getattr(exc, "status_code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 def status_code(exc: BaseException) -> int | None:
     """The HTTP status a failed call was answered with, where a server answered."""
-    code = getattr(exc, "status_code", None)
-    if not isinstance(code, int) or isinstance(code, bool) or _no_reply(exc):
-        return None
-    return code
+    return None if _no_reply(exc) else _status(exc)
 
 
 def is_malformed(exc: BaseException) -> bool:
@@ -64,8 +67,10 @@ def missing_module(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Connection errors, timeouts, 429 and 5xx are worth another try; nothing else is."""
-    code = status_code(exc)
-    return _no_reply(exc) or (code is not None and (code in _TRANSIENT_STATUS or code >= 500))
+    if _no_reply(exc):
+        return True
+    code = _status(exc)
+    return code is not None and (code in _TRANSIENT_STATUS or code >= 500)
 
 
 def retry_after_s(exc: BaseException, now: datetime | None = None) -> float | None:

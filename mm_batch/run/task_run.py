@@ -188,8 +188,10 @@ class TaskRun:
                 raise McpError(f"expect names {', '.join(missing)}, which no MCP server offers")
             for call in expect.calls:
                 spec = toolbox.mcp_spec(call.tool)
-                listed = {p.name for p in spec.params} if spec is not None else set()
-                unlisted = sorted(set(call.args or {}) - listed) if spec is not None else []
+                if spec is None:
+                    continue
+                listed = {p.name for p in spec.params}
+                unlisted = sorted(set(call.args or {}) - listed)
                 if unlisted:
                     raise McpError(
                         f"expect gives {call.tool} {', '.join(unlisted)}, which its server "

@@ -98,13 +98,26 @@ def _depth(data: JsonValue) -> int:
     return deepest
 
 
-def _decoded(text: str) -> JsonValue:
-    """The JSON value `text` is, within the arguments' bounds; None when it is none."""
+def _decode(text: str) -> JsonValue | Invalid:
+    """The JSON value `text` is, its integers bounded; or why it is none."""
     try:
         data: JsonValue = _ARGUMENTS_DECODER.decode(text)
-    except (_LongIntegerError, ValueError, RecursionError):
+    except _LongIntegerError as exc:
+        return Invalid(
+            f"the arguments hold an integer of {exc.digits} digits; "
+            f"integers have at most {MAX_INTEGER_DIGITS}"
+        )
+    except (ValueError, RecursionError):
+        return Invalid("the arguments are not valid JSON")
+    return data
+
+
+def _decoded(text: str) -> JsonValue:
+    """The JSON value `text` is, within the arguments' bounds; None when it is none."""
+    data = _decode(text)
+    if isinstance(data, Invalid) or _depth(data) > MAX_NESTING:
         return None
-    return _plain(data) if _depth(data) <= MAX_NESTING else None
+    return _plain(data)
 
 
 def parse_arguments(raw: str | None) -> Parsed | Invalid:
@@ -115,15 +128,9 @@ def parse_arguments(raw: str | None) -> Parsed | Invalid:
     """
     if raw is None or not raw.strip() or raw.strip() == "null":
         return Parsed({})
-    try:
-        data: JsonValue = _ARGUMENTS_DECODER.decode(raw)
-    except _LongIntegerError as exc:
-        return Invalid(
-            f"the arguments hold an integer of {exc.digits} digits; "
-            f"integers have at most {MAX_INTEGER_DIGITS}"
-        )
-    except (ValueError, RecursionError):
-        return Invalid("the arguments are not valid JSON")
+    data = _decode(raw)
+    if isinstance(data, Invalid):
+        return data
     if not isinstance(data, dict):
         return Invalid(f"the arguments must be a JSON object, got a JSON {_json_kind(data)}")
     if _depth(data) > MAX_NESTING:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from mm_batch.config.model import ParamSpec, ToolSpec, render_value
 from mm_batch.config.secrets import NO_SECRETS, Masker
 from mm_batch.jsontypes import JsonObject
+from mm_batch.tools.mcp_schema import types_of
 
 CLOSING_SENTENCE = "Give each parameter as its own field."
 
@@ -15,8 +16,8 @@ def _type_word(param: ParamSpec) -> str:
     MCP parameter of mm-batch's type "json", never "json"."""
     if param.type != "json":
         return param.type
-    named = (param.schema or {}).get("type")
-    return named if isinstance(named, str) else "any JSON value"
+    named = types_of(param.schema or {})  # one name, or a list of several (`mcp_schema`)
+    return named[0] if len(named) == 1 else "any JSON value"
 
 
 def _param_facts(param: ParamSpec) -> list[str]:
